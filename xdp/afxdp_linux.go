@@ -1,0 +1,709 @@
+package xdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xmx-stack/xmx/bpf"
+)
+
+// BindMode chooses how an AF_XDP socket moves frames.
+type BindMode int
+
+const (
+	// BindAuto binds in zero-copy mode where the driver allows it and in
+	// copy mode otherwise.
+	BindAuto BindMode = iota
+	// BindZeroCopy requires zero-copy mode (XDP_ZEROCOPY).
+	BindZeroCopy
+	// BindCopy forces copy mode (XDP_COPY).
+	BindCopy
+)
+
+func (m BindMode) String() string {
+	switch m {
+	case BindAuto:
+		return "auto"
+	case BindZeroCopy:
+		return "zerocopy"
+	case BindCopy:
+		return "copy"
+	}
+	return fmt.Sprintf("BindMode(%d)", int(m))
+}
+
+// AFXDPConfig configures an AF_XDP link.
+type AFXDPConfig struct {
+	Interface string
+	Queue     int    // the receive queue the socket binds to
+	EtherType uint16 // steered to the socket; 0 → DefaultEtherType
+
+	// FrameSize is the size of one UMEM frame: 2048 or 4096 (0 → 4096).
+	// A received frame fits in FrameSize minus 256 bytes of XDP headroom.
+	FrameSize int
+	// NumFrames is the number of UMEM frames, a power of two (0 → 4096):
+	// half receive (always on the fill ring), half transmit.
+	NumFrames int
+
+	Bind   BindMode       // zero-copy or copy; BindAuto by default
+	Attach bpf.AttachMode // XDP attach mode; AttachAuto (driver, then generic)
+
+	// Spin makes a waiting Recv spin on the RX ring instead of sleeping in
+	// poll(2): lowest latency, one CPU burnt while waiting.
+	Spin bool
+
+	// SendTimeout bounds how long Send waits for transmit space before
+	// failing with ErrTxStalled (0 → 1 s).
+	SendTimeout time.Duration
+}
+
+// AFXDPLink is a Link on one AF_XDP socket bound to one (interface, queue).
+//
+// The UMEM is split in two fixed halves. Receive frames live on the fill
+// ring, are handed back by the kernel on the RX ring, copied out by Recv and
+// returned to the fill ring at once; they belong to the receive side. Send
+// frames wait on txFree, are copied into by Send, go out on the TX ring and
+// come back on the completion ring; they belong to the send side. The two
+// sides share no mutable state but the counters, so Send and Recv run
+// concurrently without contention.
+//
+// LOCK ORDERING: closeMu > rxMu, closeMu > txMu.
+type AFXDPLink struct {
+	ifname    string
+	ifindex   int
+	queue     int
+	hw        net.HardwareAddr
+	mtu       int
+	maxFrame  int
+	frameSize uint64
+	spin      bool
+	zeroCopy  bool
+	sendWait  time.Duration
+	attach    bpf.AttachMode
+	steerKey  steerKey
+	steer     *steerEntry
+
+	fd   int    // the AF_XDP socket
+	efd  int    // eventfd written by Close to wake blocked callers
+	umem []byte // the UMEM mapping
+
+	closed atomic.Bool
+	// closeMu is held shared by every call that uses fd, efd or a mapping,
+	// and exclusively by Close while it releases them.
+	closeMu sync.RWMutex
+
+	rxMu sync.Mutex
+	// +checklocks:rxMu
+	rx descRing
+	// +checklocks:rxMu
+	fill addrRing
+	// +checklocks:rxMu
+	rxPoll [2]unix.PollFd
+	// +checklocks:rxMu
+	rxTimeout unix.Timespec
+
+	txMu sync.Mutex
+	// +checklocks:txMu
+	tx descRing
+	// +checklocks:txMu
+	comp addrRing
+	// +checklocks:txMu
+	txFree []uint64 // UMEM addresses of idle send frames (a stack)
+	// +checklocks:txMu
+	txPoll [2]unix.PollFd
+
+	rxFrames, rxBytes, rxTrunc atomic.Uint64
+	txFrames, txBytes, txErrs  atomic.Uint64
+	wakeups, badDescs          atomic.Uint64
+
+	// final is the kernel's XDP_STATISTICS read just before Close.
+	// +checklocks:closeMu
+	final unix.XDPStatistics
+}
+
+var _ Link = (*AFXDPLink)(nil)
+
+// bindBusyWait bounds how long bind retries while the queue is still held
+// by a socket closed moments ago.
+const bindBusyWait = 2 * time.Second
+
+// xdpHeadroom is the headroom the kernel keeps in front of every received
+// frame in aligned UMEM mode.
+const xdpHeadroom = unix.XDP_PACKET_HEADROOM
+
+// OpenAFXDP opens an AF_XDP link on cfg.Interface and cfg.Queue, attaching
+// the steering program (shared by every link of this process on the
+// interface) so that frames of cfg.EtherType reach the socket and all others
+// reach the kernel. The calling goroutine's network namespace is used: a
+// caller that switched namespaces must keep its OS thread locked.
+func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
+	if cfg.FrameSize == 0 {
+		cfg.FrameSize = 4096
+	}
+	if cfg.NumFrames == 0 {
+		cfg.NumFrames = 4096
+	}
+	if cfg.EtherType == 0 {
+		cfg.EtherType = DefaultEtherType
+	}
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = time.Second
+	}
+	if cfg.FrameSize != 2048 && cfg.FrameSize != 4096 {
+		return nil, fmt.Errorf("xdp: open AF_XDP: frame size %d: must be 2048 or 4096", cfg.FrameSize)
+	}
+	if err := checkRingSize("xdp: open AF_XDP: frame count", cfg.NumFrames); err != nil || cfg.NumFrames < 4 {
+		return nil, fmt.Errorf("xdp: open AF_XDP: frame count %d: must be a power of two, at least 4", cfg.NumFrames)
+	}
+	if cfg.Queue < 0 {
+		return nil, fmt.Errorf("xdp: open AF_XDP: queue %d: must not be negative", cfg.Queue)
+	}
+	ifi, err := net.InterfaceByName(cfg.Interface)
+	if err != nil {
+		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
+	}
+	if ifi.MTU+EthHeaderLen > cfg.FrameSize-xdpHeadroom {
+		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface,
+			Err: fmt.Errorf("MTU %d does not fit a %d-byte UMEM frame (at most %d): %w",
+				ifi.MTU, cfg.FrameSize, cfg.FrameSize-xdpHeadroom-EthHeaderLen, ErrNotSupported)}
+	}
+
+	l := &AFXDPLink{
+		ifname:    ifi.Name,
+		ifindex:   ifi.Index,
+		queue:     cfg.Queue,
+		hw:        ifi.HardwareAddr,
+		mtu:       ifi.MTU,
+		maxFrame:  ifi.MTU + EthHeaderLen,
+		frameSize: uint64(cfg.FrameSize),
+		spin:      cfg.Spin,
+		sendWait:  cfg.SendTimeout,
+		fd:        -1,
+		efd:       -1,
+	}
+	// Undo partial set-up in reverse order on failure.
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	fail := func(op string, e error) error { return &OpError{Op: op, Interface: l.ifname, Err: e} }
+
+	l.fd, err = unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.EAFNOSUPPORT) {
+			err = fmt.Errorf("%w: %w (kernel without CONFIG_XDP_SOCKETS)", err, ErrNotSupported)
+		}
+		return nil, fail("create AF_XDP socket", err)
+	}
+	undo = append(undo, func() { unix.Close(l.fd) })
+
+	l.umem, err = unix.Mmap(-1, 0, cfg.NumFrames*cfg.FrameSize, unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, fail("map UMEM", err)
+	}
+	undo = append(undo, func() { unix.Munmap(l.umem) })
+
+	reg := unix.XDPUmemReg{
+		Addr: uint64(uintptr(unsafe.Pointer(&l.umem[0]))),
+		Len:  uint64(len(l.umem)),
+		Size: uint32(cfg.FrameSize),
+	}
+	if err := setsockopt(l.fd, unix.SOL_XDP, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
+		return nil, fail("register UMEM", err)
+	}
+	half := cfg.NumFrames / 2
+	for _, r := range []struct {
+		opt  int
+		name string
+	}{
+		{unix.XDP_UMEM_FILL_RING, "size fill ring"},
+		{unix.XDP_UMEM_COMPLETION_RING, "size completion ring"},
+		{unix.XDP_RX_RING, "size RX ring"},
+		{unix.XDP_TX_RING, "size TX ring"},
+	} {
+		if err := unix.SetsockoptInt(l.fd, unix.SOL_XDP, r.opt, half); err != nil {
+			return nil, fail(r.name, err)
+		}
+	}
+	var off unix.XDPMmapOffsets
+	if err := getsockopt(l.fd, unix.SOL_XDP, unix.XDP_MMAP_OFFSETS, unsafe.Pointer(&off), unsafe.Sizeof(off)); err != nil {
+		return nil, fail("read ring offsets", err)
+	}
+	size := uint32(half)
+	if err := l.fill.mmap(l.fd, unix.XDP_UMEM_PGOFF_FILL_RING, off.Fr, size); err != nil {
+		return nil, fail("map fill ring", err)
+	}
+	undo = append(undo, func() { l.fill.unmap() })
+	if err := l.comp.mmap(l.fd, unix.XDP_UMEM_PGOFF_COMPLETION_RING, off.Cr, size); err != nil {
+		return nil, fail("map completion ring", err)
+	}
+	undo = append(undo, func() { l.comp.unmap() })
+	if err := l.rx.mmap(l.fd, unix.XDP_PGOFF_RX_RING, off.Rx, size); err != nil {
+		return nil, fail("map RX ring", err)
+	}
+	undo = append(undo, func() { l.rx.unmap() })
+	if err := l.tx.mmap(l.fd, unix.XDP_PGOFF_TX_RING, off.Tx, size); err != nil {
+		return nil, fail("map TX ring", err)
+	}
+	undo = append(undo, func() { l.tx.unmap() })
+
+	// Receive frames: all on the fill ring. Send frames: all idle.
+	for i := 0; i < half; i++ {
+		l.fill.addrs[i] = uint64(i) * l.frameSize
+	}
+	l.fill.cachedProd = size
+	l.fill.submit()
+	l.txFree = make([]uint64, 0, half)
+	for i := cfg.NumFrames - 1; i >= half; i-- {
+		l.txFree = append(l.txFree, uint64(i)*l.frameSize)
+	}
+
+	if err := l.bind(cfg.Bind); err != nil {
+		return nil, fail("bind AF_XDP socket to queue "+fmt.Sprint(cfg.Queue), err)
+	}
+
+	l.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		return nil, fail("create eventfd", err)
+	}
+	undo = append(undo, func() { unix.Close(l.efd) })
+	l.rxPoll = [2]unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLIN}, {Fd: int32(l.efd), Events: unix.POLLIN}}
+	l.txPoll = [2]unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLOUT}, {Fd: int32(l.efd), Events: unix.POLLIN}}
+
+	l.steerKey, l.steer, err = acquireSteering(l.ifname, l.ifindex, bpf.LoadOptions{EtherType: cfg.EtherType}, cfg.Attach)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { releaseSteering(l.steerKey, l.steer) })
+	l.attach = l.steer.mode
+	if err := l.steer.steer.Register(l.queue, l.fd); err != nil {
+		return nil, fail("register socket in XSKMAP", err)
+	}
+	return l, nil
+}
+
+// bind binds the socket in the requested mode, falling back from zero-copy
+// to copy mode under BindAuto when the driver refuses zero-copy.
+func (l *AFXDPLink) bind(mode BindMode) error {
+	sa := &unix.SockaddrXDP{Ifindex: uint32(l.ifindex), QueueID: uint32(l.queue)}
+	try := func(flags uint16) error {
+		sa.Flags = flags | unix.XDP_USE_NEED_WAKEUP
+		// The kernel releases a closed socket's hold on the queue in the
+		// background, so binding right after a Close on the same queue can
+		// fail with EBUSY for a short while.
+		deadline := time.Now().Add(bindBusyWait)
+		for {
+			err := unix.Bind(l.fd, sa)
+			if err != unix.EBUSY || time.Now().After(deadline) {
+				return err
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	switch mode {
+	case BindCopy:
+		return try(unix.XDP_COPY)
+	case BindZeroCopy:
+		if err := try(unix.XDP_ZEROCOPY); err != nil {
+			return fmt.Errorf("zero-copy: %w", err)
+		}
+		l.zeroCopy = true
+		return nil
+	default:
+		err := try(unix.XDP_ZEROCOPY)
+		if err == nil {
+			l.zeroCopy = true
+			return nil
+		}
+		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPROTONOSUPPORT) {
+			return fmt.Errorf("zero-copy: %w", err)
+		}
+		return try(unix.XDP_COPY)
+	}
+}
+
+// HardwareAddr implements Link.
+func (l *AFXDPLink) HardwareAddr() net.HardwareAddr { return l.hw }
+
+// MTU implements Link.
+func (l *AFXDPLink) MTU() int { return l.mtu }
+
+// ZeroCopy reports whether the socket is bound in zero-copy mode.
+func (l *AFXDPLink) ZeroCopy() bool { return l.zeroCopy }
+
+// Info implements Link.
+func (l *AFXDPLink) Info() Info {
+	var b strings.Builder
+	if l.zeroCopy {
+		b.WriteString("zerocopy ")
+	} else {
+		b.WriteString("copy ")
+	}
+	b.WriteString(l.attach.String())
+	if l.spin {
+		b.WriteString(" spin")
+	} else {
+		b.WriteString(" poll")
+	}
+	return Info{Kind: "afxdp", Interface: l.ifname, Queue: l.queue, Mode: b.String()}
+}
+
+func (l *AFXDPLink) closedErr(op string) error {
+	return &OpError{Op: op, Interface: l.ifname, Err: net.ErrClosed}
+}
+
+// Recv implements Link.
+func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return 0, l.closedErr("recv")
+	}
+	if len(sizes) < len(bufs) {
+		return 0, fmt.Errorf("xdp: recv on %s: %d sizes for %d buffers", l.ifname, len(sizes), len(bufs))
+	}
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	for spins := 0; ; spins++ {
+		if n := l.recvReady(bufs, sizes); n > 0 {
+			return n, nil
+		}
+		if l.fill.needWakeup() {
+			l.kick(unix.SYS_RECVFROM)
+		}
+		if timeout == 0 {
+			return 0, nil
+		}
+		if l.closed.Load() {
+			return 0, l.closedErr("recv")
+		}
+		if l.spin {
+			// Reading the clock costs tens of nanoseconds; check it every
+			// few hundred turns only.
+			if timeout > 0 && spins&255 == 255 && !time.Now().Before(deadline) {
+				return 0, nil
+			}
+			continue
+		}
+		wait := time.Duration(-1)
+		if timeout > 0 {
+			wait = time.Until(deadline)
+			if wait <= 0 {
+				return 0, nil
+			}
+		}
+		if err := l.wait(l.rxPoll[:], &l.rxTimeout, wait); err != nil {
+			return 0, &OpError{Op: "recv: poll", Interface: l.ifname, Err: err}
+		}
+		if l.rxPoll[1].Revents != 0 {
+			return 0, l.closedErr("recv")
+		}
+	}
+}
+
+// recvReady copies the frames waiting on the RX ring into bufs and gives
+// their UMEM frames back to the fill ring.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
+	avail := l.rx.avail(uint32(len(bufs)))
+	if avail == 0 {
+		return 0
+	}
+	n := min(int(avail), len(bufs))
+	// The fill ring is as large as the receive half of the UMEM, so it always
+	// has room for the frames the RX ring hands back.
+	l.fill.free(uint32(n))
+	out := 0
+	var bytes uint64
+	for i := 0; i < n; i++ {
+		d := l.rx.descs[l.rx.cachedCons&l.rx.mask]
+		l.rx.cachedCons++
+		end := d.Addr + uint64(d.Len)
+		if end > uint64(len(l.umem)) || d.Addr/l.frameSize != (end-1)/l.frameSize {
+			// The kernel validates descriptors; this never happens unless
+			// the ring is corrupted. Count it and drop the frame.
+			l.badDescs.Add(1)
+		} else {
+			c := copy(bufs[out], l.umem[d.Addr:end])
+			sizes[out] = c
+			if c < int(d.Len) {
+				l.rxTrunc.Add(1)
+			}
+			bytes += uint64(d.Len)
+			out++
+		}
+		l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
+		l.fill.cachedProd++
+	}
+	l.rx.release()
+	l.fill.submit()
+	l.rxFrames.Add(uint64(out))
+	l.rxBytes.Add(bytes)
+	return out
+}
+
+// Send implements Link.
+func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return 0, l.closedErr("send")
+	}
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+
+	sent := 0
+	var stalledSince time.Time
+	for sent < len(frames) {
+		l.reclaim()
+		want := len(frames) - sent
+		n := min(want, len(l.txFree), int(l.tx.free(uint32(want))))
+		if n == 0 {
+			if stalledSince.IsZero() {
+				stalledSince = time.Now()
+			}
+			if err := l.waitTx(stalledSince); err != nil {
+				return sent, err
+			}
+			continue
+		}
+		stalledSince = time.Time{}
+		var bytes uint64
+		var bad error
+		queued := 0
+		for ; queued < n; queued++ {
+			f := frames[sent+queued]
+			if err := checkFrame(f, l.maxFrame); err != nil {
+				bad = err
+				break
+			}
+			addr := l.txFree[len(l.txFree)-1]
+			l.txFree = l.txFree[:len(l.txFree)-1]
+			copy(l.umem[addr:addr+l.frameSize], f)
+			l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: addr, Len: uint32(len(f))}
+			l.tx.cachedProd++
+			bytes += uint64(len(f))
+		}
+		if queued > 0 {
+			l.tx.submit()
+			sent += queued
+			l.txFrames.Add(uint64(queued))
+			l.txBytes.Add(bytes)
+		}
+		if err := l.kickTx(); err != nil {
+			return sent, err
+		}
+		if bad != nil {
+			return sent, &OpError{Op: "send", Interface: l.ifname, Err: bad}
+		}
+	}
+	return sent, nil
+}
+
+// reclaim moves completed send frames back to txFree.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) reclaim() {
+	n := l.comp.avail(l.comp.size)
+	if n == 0 {
+		return
+	}
+	for i := uint32(0); i < n; i++ {
+		l.txFree = append(l.txFree, l.comp.addrs[l.comp.cachedCons&l.comp.mask]&^(l.frameSize-1))
+		l.comp.cachedCons++
+	}
+	l.comp.release()
+}
+
+// kickTx asks the kernel to transmit what the TX ring holds when it wants to
+// be asked (need_wakeup). In copy mode one sendto transmits a bounded batch
+// and answers EAGAIN while more remains, so it is repeated until the ring is
+// drained. Transient refusals leave the frames on the ring for the next
+// kick; an error is returned only when the interface is gone or down.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) kickTx() error {
+	for i := 0; i <= int(l.tx.size/16); i++ {
+		if !l.tx.needWakeup() {
+			return nil
+		}
+		err := l.kick(unix.SYS_SENDTO)
+		switch err {
+		case nil:
+			if atomic.LoadUint32(l.tx.consumer) == l.tx.cachedProd {
+				return nil
+			}
+		case unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.EINTR:
+			if atomic.LoadUint32(l.tx.consumer) == l.tx.cachedProd {
+				return nil
+			}
+		default:
+			l.txErrs.Add(1)
+			return &OpError{Op: "send: wake kernel", Interface: l.ifname, Err: err}
+		}
+	}
+	return nil
+}
+
+// waitTx waits for the kernel to complete some sends, failing once the link
+// has made no progress for the send timeout.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) waitTx(since time.Time) error {
+	if err := l.kickTx(); err != nil {
+		return err
+	}
+	if l.comp.avail(1) > 0 {
+		return nil
+	}
+	if l.closed.Load() {
+		return l.closedErr("send")
+	}
+	if time.Since(since) > l.sendWait {
+		return &OpError{Op: "send", Interface: l.ifname, Err: fmt.Errorf("no frame completed for %v: %w", l.sendWait, ErrTxStalled)}
+	}
+	if l.spin {
+		return nil
+	}
+	var ts unix.Timespec
+	if err := l.wait(l.txPoll[:], &ts, 100*time.Microsecond); err != nil {
+		return &OpError{Op: "send: poll", Interface: l.ifname, Err: err}
+	}
+	if l.txPoll[1].Revents != 0 {
+		return l.closedErr("send")
+	}
+	return nil
+}
+
+// kick makes the no-data syscall (sendto or recvfrom) that wakes the kernel.
+func (l *AFXDPLink) kick(trap uintptr) error {
+	l.wakeups.Add(1)
+	_, _, e := unix.Syscall6(trap, uintptr(l.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// wait sleeps in ppoll(2) on fds for at most d (d < 0: no bound). EINTR is
+// not an error: the caller re-checks its rings.
+func (l *AFXDPLink) wait(fds []unix.PollFd, ts *unix.Timespec, d time.Duration) error {
+	l.wakeups.Add(1)
+	var tsp *unix.Timespec
+	if d >= 0 {
+		*ts = unix.NsecToTimespec(int64(d))
+		tsp = ts
+	}
+	_, err := unix.Ppoll(fds, tsp, nil)
+	if err == unix.EINTR {
+		return nil
+	}
+	return err
+}
+
+// Stats implements Link.
+func (l *AFXDPLink) Stats() Stats {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	k := l.final
+	if !l.closed.Load() {
+		l.readKernelStats(&k)
+	}
+	return Stats{
+		TxFrames:        l.txFrames.Load(),
+		TxBytes:         l.txBytes.Load(),
+		RxFrames:        l.rxFrames.Load(),
+		RxBytes:         l.rxBytes.Load(),
+		TxErrors:        l.txErrs.Load(),
+		RxTruncated:     l.rxTrunc.Load(),
+		RxDropped:       k.Rx_dropped,
+		RxInvalidDescs:  k.Rx_invalid_descs + l.badDescs.Load(),
+		TxInvalidDescs:  k.Tx_invalid_descs,
+		RxRingFull:      k.Rx_ring_full,
+		RxFillRingEmpty: k.Rx_fill_ring_empty_descs,
+		TxRingEmpty:     k.Tx_ring_empty_descs,
+		Wakeups:         l.wakeups.Load(),
+	}
+}
+
+// readKernelStats reads XDP_STATISTICS; on error it leaves k unchanged.
+func (l *AFXDPLink) readKernelStats(k *unix.XDPStatistics) {
+	var s unix.XDPStatistics
+	if getsockopt(l.fd, unix.SOL_XDP, unix.XDP_STATISTICS, unsafe.Pointer(&s), unsafe.Sizeof(s)) == nil {
+		*k = s
+	}
+}
+
+// Close implements Link. Calls blocked in Send or Recv return net.ErrClosed;
+// Close waits for them to leave before it unmaps the rings and the UMEM.
+func (l *AFXDPLink) Close() error {
+	if !l.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	one := [8]byte{1}
+	unix.Write(l.efd, one[:]) // wake pollers; the eventfd stays readable
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
+
+	l.readKernelStats(&l.final)
+	var errs []error
+	note := func(op string, err error) {
+		if err != nil {
+			errs = append(errs, &OpError{Op: op, Interface: l.ifname, Err: err})
+		}
+	}
+	note("unregister socket from XSKMAP", l.steer.steer.Unregister(l.queue))
+	note("detach steering program", releaseSteering(l.steerKey, l.steer))
+	// The rings are mappings of the socket: unmap them before closing it,
+	// and unmap the UMEM only once the kernel has let go of it.
+	l.rxMu.Lock()
+	note("unmap RX ring", l.rx.unmap())
+	note("unmap fill ring", l.fill.unmap())
+	l.rxMu.Unlock()
+	l.txMu.Lock()
+	note("unmap TX ring", l.tx.unmap())
+	note("unmap completion ring", l.comp.unmap())
+	l.txFree = nil
+	l.txMu.Unlock()
+	note("close socket", unix.Close(l.fd))
+	note("unmap UMEM", unix.Munmap(l.umem))
+	l.umem = nil
+	note("close eventfd", unix.Close(l.efd))
+	return errors.Join(errs...)
+}
+
+func setsockopt(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
+	_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(p), size, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func getsockopt(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
+	l := uint32(size)
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(p), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}

@@ -1,0 +1,162 @@
+// Package xdp moves Ethernet frames between a network interface and user
+// memory. It knows frames, not messages: everything above it (matching,
+// reliability, the file protocol) lives in msglayer and fileproto.
+//
+// Three links implement the one narrow, batch-shaped [Link] interface:
+//
+//   - [OpenAFXDP]: an AF_XDP socket (UMEM, four rings, need-wakeup, zero-copy
+//     where the driver allows it) fed by the steering program of package bpf;
+//   - [OpenAFPacket]: an AF_PACKET socket filtered to the stack's EtherType in
+//     the kernel, for interfaces without AF_XDP;
+//   - [NewPair] and [NewHub]: in-memory links with loss, reordering,
+//     duplication, delay and MTU knobs, for tests without root.
+package xdp
+
+import (
+	"errors"
+	"net"
+	"time"
+)
+
+// DefaultEtherType is the EtherType the stack speaks unless configured
+// otherwise (0x88B5 is reserved by IEEE 802 for local experimental use).
+const DefaultEtherType = 0x88B5
+
+// EthHeaderLen is the length of an Ethernet header without VLAN tags.
+const EthHeaderLen = 14
+
+// MinFrameLen is the shortest Ethernet frame (without FCS) a link sends;
+// shorter frames are padded by the NIC on real hardware.
+const MinFrameLen = 60
+
+// Link sends and receives batches of complete Ethernet frames (destination,
+// source, EtherType, payload; no FCS).
+//
+// Send and Recv may be called concurrently with each other; calls of Send
+// are serialised by the link, and so are calls of Recv. Close may be called
+// at any time from any goroutine: calls blocked in Send or Recv return
+// net.ErrClosed, and so does every later call.
+type Link interface {
+	// Send queues frames for transmission and returns how many it took,
+	// in order. The frames are copied (or handed to the kernel) before Send
+	// returns, so the caller may reuse them at once. Send waits while the
+	// transmit ring is full; it returns n < len(frames) only with an error.
+	// A frame longer than MaxFrameLen is refused with ErrFrameTooLong.
+	Send(frames [][]byte) (n int, err error)
+
+	// Recv copies up to len(bufs) received frames into bufs, stores each
+	// frame's length in sizes (len(sizes) >= len(bufs)), and returns how
+	// many it stored. A frame longer than its buffer is truncated to the
+	// buffer and counted in Stats.RxTruncated.
+	//
+	// timeout bounds the wait for the first frame: 0 polls once and may
+	// return 0 frames, a negative timeout waits until a frame arrives or the
+	// link is closed. A timed-out Recv returns 0, nil.
+	Recv(bufs [][]byte, sizes []int, timeout time.Duration) (n int, err error)
+
+	// HardwareAddr is the link's MAC address.
+	HardwareAddr() net.HardwareAddr
+
+	// MTU is the largest payload after the Ethernet header that the link
+	// carries; MaxFrameLen() == MTU() + EthHeaderLen.
+	MTU() int
+
+	// Info describes the link: its kind, interface, queue and mode.
+	Info() Info
+
+	// Stats returns a snapshot of the link's counters.
+	Stats() Stats
+
+	// Close releases everything the link holds. It is safe to call more
+	// than once and concurrently with Send and Recv.
+	Close() error
+}
+
+// MaxFrameLen is the longest frame (Ethernet header included) l carries.
+func MaxFrameLen(l Link) int { return l.MTU() + EthHeaderLen }
+
+// Info describes a link.
+type Info struct {
+	Kind      string // "afxdp", "afpacket" or "mem"
+	Interface string // interface name ("" for in-memory links)
+	Queue     int    // receive queue (AF_XDP), -1 when not applicable
+	// Mode says how frames move: for AF_XDP "zerocopy" or "copy" followed by
+	// the XDP attach mode ("drv" or "skb") and "spin" or "poll"; for
+	// AF_PACKET "qdisc-bypass" when set; for in-memory links the knobs.
+	Mode string
+}
+
+// Stats are a link's counters. Every field counts since the link was opened.
+type Stats struct {
+	TxFrames, TxBytes uint64 // frames handed to the wire
+	RxFrames, RxBytes uint64 // frames delivered to Recv
+	TxErrors          uint64 // frames the link took but the kernel refused to send
+	RxTruncated       uint64 // frames longer than the buffer given to Recv
+
+	// Kernel counters (AF_XDP XDP_STATISTICS; AF_PACKET PACKET_STATISTICS
+	// drops in RxDropped).
+	RxDropped       uint64 // frames the kernel dropped for this socket
+	RxInvalidDescs  uint64
+	TxInvalidDescs  uint64
+	RxRingFull      uint64
+	RxFillRingEmpty uint64
+	TxRingEmpty     uint64
+	Wakeups         uint64 // syscalls made to wake the kernel (sendto/poll)
+
+	// In-memory fault injection.
+	InjectedLoss      uint64 // frames dropped on purpose
+	InjectedDuplicate uint64 // extra copies delivered
+	InjectedReorder   uint64 // frames delivered after a later one
+	QueueDrops        uint64 // frames dropped because the receiver's queue was full
+}
+
+// Lost is the number of frames this link's counters account for as dropped
+// on the receive side or by fault injection: the frames a conformance test
+// may find missing. The AF_XDP kernel counters overlap: a frame dropped for
+// want of a fill-ring entry counts in both RxDropped and RxFillRingEmpty, so
+// only RxDropped and RxRingFull (which RxDropped excludes) are summed.
+func (s Stats) Lost() uint64 {
+	return s.RxDropped + s.RxRingFull + s.InjectedLoss + s.QueueDrops + s.TxErrors
+}
+
+// Errors returned by links. They are matched with errors.Is; the errors a
+// link returns wrap them with the operation and the interface.
+var (
+	// ErrFrameTooLong: a frame passed to Send is longer than MaxFrameLen.
+	ErrFrameTooLong = errors.New("frame longer than the link's MTU")
+	// ErrFrameTooShort: a frame passed to Send is shorter than an Ethernet header.
+	ErrFrameTooShort = errors.New("frame shorter than an Ethernet header")
+	// ErrNotSupported: the kernel or the interface lacks the feature.
+	ErrNotSupported = errors.New("not supported")
+	// ErrTxStalled: the link could not queue a frame within its send
+	// timeout (the kernel stopped taking frames: interface down, queue stuck).
+	ErrTxStalled = errors.New("transmit stalled")
+)
+
+// OpError is an error from a link operation, naming the operation and the
+// interface it failed on. It unwraps to the cause (often a syscall.Errno).
+type OpError struct {
+	Op        string // "send", "recv", "bind", "mmap rx ring"...
+	Interface string
+	Err       error
+}
+
+func (e *OpError) Error() string {
+	if e.Interface == "" {
+		return "xdp: " + e.Op + ": " + e.Err.Error()
+	}
+	return "xdp: " + e.Op + " on " + e.Interface + ": " + e.Err.Error()
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// checkFrame validates a frame passed to Send against the link's MTU.
+func checkFrame(f []byte, maxLen int) error {
+	if len(f) < EthHeaderLen {
+		return ErrFrameTooShort
+	}
+	if len(f) > maxLen {
+		return ErrFrameTooLong
+	}
+	return nil
+}

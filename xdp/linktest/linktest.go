@@ -1,0 +1,420 @@
+// Package linktest is the conformance suite of xdp.Link: one set of tests
+// that the in-memory, AF_PACKET and AF_XDP links all pass.
+package linktest
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// Pair is a connected pair of links made for one subtest. The maker
+// registers the links' Close (and whatever else it set up) in tb.Cleanup.
+type Pair struct {
+	A, B xdp.Link
+	// KernelDrops, when set, returns frames dropped on the path between A
+	// and B by something other than the links themselves (for example the
+	// interface counters of a veth pair). The suite reads it before and
+	// after a burst and allows that many frames to be missing.
+	KernelDrops func() uint64
+}
+
+// MakePair makes a fresh pair for a subtest.
+type MakePair func(tb testing.TB) Pair
+
+// Options tune the suite for one link kind.
+type Options struct {
+	// Frames is the number of frames in the full-rate burst (0 → 20000).
+	Frames int
+	// Lossless requires every frame of the burst to arrive (the in-memory
+	// link without knobs and with a large enough queue).
+	Lossless bool
+	// Faults says the pair injects loss, duplication or reordering: the
+	// suite then checks accounting instead of order.
+	Faults bool
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, mk MakePair, opts Options) {
+	if opts.Frames == 0 {
+		opts.Frames = 20000
+	}
+	t.Run("Basics", func(t *testing.T) { testBasics(t, mk) })
+	t.Run("EverySizeFullRate", func(t *testing.T) { testBurst(t, mk, opts) })
+	t.Run("BothDirections", func(t *testing.T) { testBothDirections(t, mk, opts) })
+	t.Run("Truncation", func(t *testing.T) { testTruncation(t, mk, opts) })
+	t.Run("RecvTimeout", func(t *testing.T) { testRecvTimeout(t, mk) })
+	t.Run("CloseUnblocksRecv", func(t *testing.T) { testCloseUnblocks(t, mk) })
+	t.Run("NoLeaks", func(t *testing.T) { testNoLeaks(t, mk) })
+}
+
+const (
+	hdr       = xdp.EthHeaderLen
+	magic     = 0x786d78636f6e6600 // "xmxconf\0"
+	payloadAt = hdr + 24           // where the pattern starts
+)
+
+// frame writes a test frame of length size into b: Ethernet header, then
+// magic|run, sequence number, length, CRC-32 of everything after it, then a
+// pattern derived from the sequence number.
+func frame(b []byte, dst, src net.HardwareAddr, run uint32, seq uint64, size int) []byte {
+	b = b[:size]
+	copy(b[0:6], dst)
+	copy(b[6:12], src)
+	binary.BigEndian.PutUint16(b[12:14], xdp.DefaultEtherType)
+	binary.BigEndian.PutUint64(b[hdr:], magic|uint64(run&0xff))
+	binary.BigEndian.PutUint64(b[hdr+8:], seq)
+	binary.BigEndian.PutUint32(b[hdr+16:], uint32(size))
+	x := uint32(seq*2654435761) | 1
+	for i := payloadAt; i < size; i++ {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		b[i] = byte(x)
+	}
+	binary.BigEndian.PutUint32(b[hdr+20:], crc32.ChecksumIEEE(b[payloadAt:size]))
+	return b
+}
+
+// parse checks a received test frame and returns its sequence number.
+func parse(b []byte, dst, src net.HardwareAddr, run uint32) (seq uint64, err error) {
+	switch {
+	case len(b) < payloadAt:
+		return 0, errors.New("runt frame")
+	case string(b[0:6]) != string(dst) || string(b[6:12]) != string(src):
+		return 0, errors.New("wrong addresses")
+	case binary.BigEndian.Uint16(b[12:14]) != xdp.DefaultEtherType:
+		return 0, errors.New("wrong EtherType")
+	case binary.BigEndian.Uint64(b[hdr:]) != magic|uint64(run&0xff):
+		return 0, errStale
+	case int(binary.BigEndian.Uint32(b[hdr+16:])) != len(b):
+		return 0, errors.New("length differs from the length sent")
+	case binary.BigEndian.Uint32(b[hdr+20:]) != crc32.ChecksumIEEE(b[payloadAt:]):
+		return 0, errors.New("checksum mismatch")
+	}
+	return binary.BigEndian.Uint64(b[hdr+8:]), nil
+}
+
+var errStale = errors.New("frame of another run")
+
+func bufs(n, size int) ([][]byte, []int) {
+	b := make([][]byte, n)
+	for i := range b {
+		b[i] = make([]byte, size)
+	}
+	return b, make([]int, n)
+}
+
+func testBasics(t *testing.T, mk MakePair) {
+	p := mk(t)
+	for _, l := range []xdp.Link{p.A, p.B} {
+		if len(l.HardwareAddr()) != 6 {
+			t.Errorf("%v: hardware address %v is not 6 bytes", l.Info(), l.HardwareAddr())
+		}
+		if l.MTU() < 576 {
+			t.Errorf("%v: MTU %d", l.Info(), l.MTU())
+		}
+		if l.Info().Kind == "" {
+			t.Errorf("Info().Kind is empty")
+		}
+		long := make([]byte, xdp.MaxFrameLen(l)+1)
+		if n, err := l.Send([][]byte{long}); n != 0 || !errors.Is(err, xdp.ErrFrameTooLong) {
+			t.Errorf("%v: send of a %d-byte frame = %d, %v; want 0, ErrFrameTooLong", l.Info(), len(long), n, err)
+		}
+		if n, err := l.Send([][]byte{make([]byte, 10)}); n != 0 || !errors.Is(err, xdp.ErrFrameTooShort) {
+			t.Errorf("%v: send of a 10-byte frame = %d, %v; want 0, ErrFrameTooShort", l.Info(), n, err)
+		}
+	}
+	if string(p.A.HardwareAddr()) == string(p.B.HardwareAddr()) {
+		t.Errorf("both links have hardware address %v", p.A.HardwareAddr())
+	}
+}
+
+// burst sends n frames of every size from 60 bytes to the largest frame
+// from a to b at full rate and checks what arrives.
+func burst(t *testing.T, p Pair, a, b xdp.Link, n int, opts Options, run uint32) {
+	t.Helper()
+	maxLen := min(xdp.MaxFrameLen(a), xdp.MaxFrameLen(b))
+	sizeOf := func(seq int) int { return xdp.MinFrameLen + seq%(maxLen-xdp.MinFrameLen+1) }
+	dst, src := b.HardwareAddr(), a.HardwareAddr()
+	aBefore, bBefore := a.Stats(), b.Stats()
+	var kBefore uint64
+	if p.KernelDrops != nil {
+		kBefore = p.KernelDrops()
+	}
+
+	var wg sync.WaitGroup
+	var sendErr error
+	sendDone := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(sendDone)
+		const batch = 32
+		frames := make([][]byte, batch)
+		for i := range frames {
+			frames[i] = make([]byte, maxLen)
+		}
+		for seq := 0; seq < n; {
+			k := min(batch, n-seq)
+			out := frames[:k]
+			for i := range out {
+				out[i] = frame(frames[i][:cap(frames[i])], dst, src, run, uint64(seq+i), sizeOf(seq+i))
+			}
+			m, err := a.Send(out)
+			seq += m
+			if err != nil {
+				sendErr = err
+				return
+			}
+		}
+	}()
+
+	seen := make([]bool, n)
+	got, dups, outOfOrder, stale := 0, 0, 0, 0
+	var firstErr error
+	rb, sizes := bufs(64, maxLen+64)
+	last := -1
+	idleSince := time.Time{}
+	for got < n {
+		k, err := b.Recv(rb, sizes, 20*time.Millisecond)
+		if err != nil {
+			t.Fatalf("recv: %v", err)
+		}
+		if k == 0 {
+			select {
+			case <-sendDone:
+				if idleSince.IsZero() {
+					idleSince = time.Now()
+				} else if time.Since(idleSince) > time.Second {
+					goto done
+				}
+			default:
+			}
+			continue
+		}
+		idleSince = time.Time{}
+		for i := 0; i < k; i++ {
+			seq, err := parse(rb[i][:sizes[i]], dst, src, run)
+			if errors.Is(err, errStale) {
+				stale++
+				continue
+			}
+			if err == nil && seq >= uint64(n) {
+				err = errors.New("sequence number out of range")
+			}
+			if err == nil && sizes[i] != sizeOf(int(seq)) {
+				err = errors.New("wrong size for its sequence number")
+			}
+			if err != nil {
+				if firstErr == nil {
+					firstErr = err
+				}
+				continue
+			}
+			if seen[seq] {
+				dups++
+				continue
+			}
+			seen[seq] = true
+			got++
+			if int(seq) < last {
+				outOfOrder++
+			}
+			last = int(seq)
+		}
+	}
+done:
+	wg.Wait()
+	if sendErr != nil {
+		t.Fatalf("send: %v", sendErr)
+	}
+	if firstErr != nil {
+		t.Errorf("corrupt frame received: %v", firstErr)
+	}
+	aAfter, bAfter := a.Stats(), b.Stats()
+	var kernel uint64
+	if p.KernelDrops != nil {
+		kernel = p.KernelDrops() - kBefore
+	}
+	counted := (aAfter.Lost() - aBefore.Lost()) + (bAfter.Lost() - bBefore.Lost()) + kernel
+	injectedDup := aAfter.InjectedDuplicate - aBefore.InjectedDuplicate
+	missing := n - got
+	t.Logf("%s→%s: %d frames of %d..%d bytes: received %d, missing %d, counted drops %d (kernel path %d), duplicates %d (injected %d), out of order %d, stale %d",
+		a.Info().Kind, b.Info().Kind, n, xdp.MinFrameLen, maxLen, got, missing, counted, kernel, dups, injectedDup, outOfOrder, stale)
+	if uint64(missing) > counted {
+		t.Errorf("%d frames missing but only %d drops counted", missing, counted)
+	}
+	if opts.Lossless && missing > 0 {
+		t.Errorf("%d frames missing on a lossless pair", missing)
+	}
+	if uint64(dups) > injectedDup {
+		t.Errorf("%d duplicate frames delivered, %d injected", dups, injectedDup)
+	}
+	if !opts.Faults && outOfOrder > 0 {
+		t.Errorf("%d frames delivered out of order", outOfOrder)
+	}
+	if sent := aAfter.TxFrames - aBefore.TxFrames; sent != uint64(n) {
+		t.Errorf("sender counted %d frames sent, want %d", sent, n)
+	}
+}
+
+func testBurst(t *testing.T, mk MakePair, opts Options) {
+	p := mk(t)
+	burst(t, p, p.A, p.B, opts.Frames, opts, 1)
+}
+
+func testBothDirections(t *testing.T, mk MakePair, opts Options) {
+	p := mk(t)
+	n := opts.Frames / 4
+	// Parallel subtests run together once this function returns.
+	t.Run("AtoB", func(t *testing.T) { t.Parallel(); burst(t, p, p.A, p.B, n, opts, 2) })
+	t.Run("BtoA", func(t *testing.T) { t.Parallel(); burst(t, p, p.B, p.A, n, opts, 3) })
+}
+
+func testTruncation(t *testing.T, mk MakePair, opts Options) {
+	p := mk(t)
+	f := frame(make([]byte, 300), p.B.HardwareAddr(), p.A.HardwareAddr(), 4, 0, 300)
+	before := p.B.Stats().RxTruncated
+	small := make([]byte, 100)
+	sizes := []int{0}
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := p.A.Send([][]byte{f}); err != nil {
+			t.Fatal(err)
+		}
+		n, err := p.B.Recv([][]byte{small}, sizes, 200*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			if sizes[0] != 100 || string(small) != string(f[:100]) {
+				t.Fatalf("truncated frame: size %d, want 100 and the first 100 bytes", sizes[0])
+			}
+			if got := p.B.Stats().RxTruncated - before; got != 1 {
+				t.Fatalf("RxTruncated grew by %d, want 1", got)
+			}
+			return
+		}
+		if !opts.Faults {
+			break
+		}
+	}
+	t.Fatal("no frame received")
+}
+
+func testRecvTimeout(t *testing.T, mk MakePair) {
+	p := mk(t)
+	b, sizes := bufs(4, 2048)
+	start := time.Now()
+	n, err := p.B.Recv(b, sizes, 0)
+	if n != 0 || err != nil {
+		t.Fatalf("Recv(timeout 0) on an idle link = %d, %v", n, err)
+	}
+	start = time.Now()
+	n, err = p.B.Recv(b, sizes, 50*time.Millisecond)
+	if el := time.Since(start); n != 0 || err != nil || el < 45*time.Millisecond {
+		t.Fatalf("Recv(timeout 50ms) on an idle link = %d, %v after %v", n, err, el)
+	}
+}
+
+func testCloseUnblocks(t *testing.T, mk MakePair) {
+	p := mk(t)
+	b, sizes := bufs(4, 2048)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.B.Recv(b, sizes, -1)
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // let it block
+	if err := p.B.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	select {
+	case err := <-errc:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("blocked Recv returned %v after Close, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Recv still blocked 5 s after Close")
+	}
+	if _, err := p.B.Recv(b, sizes, 0); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Recv after Close = %v, want net.ErrClosed", err)
+	}
+	f := frame(make([]byte, 100), p.A.HardwareAddr(), p.B.HardwareAddr(), 5, 0, 100)
+	if _, err := p.B.Send([][]byte{f}); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Send after Close = %v, want net.ErrClosed", err)
+	}
+	if err := p.B.Close(); err != nil {
+		t.Errorf("second Close = %v", err)
+	}
+	_ = p.B.Stats() // must not crash after Close
+}
+
+// testNoLeaks opens and closes pairs, with traffic and a blocked receiver,
+// and checks that goroutines and file descriptors come back to where they
+// were.
+func testNoLeaks(t *testing.T, mk MakePair) {
+	// One pair first so that lazily created process-wide state exists.
+	closeAll(t, mk(t))
+	g0, fd0 := runtime.NumGoroutine(), countFDs()
+	for i := 0; i < 3; i++ {
+		p := mk(t)
+		f := frame(make([]byte, 200), p.B.HardwareAddr(), p.A.HardwareAddr(), 6, uint64(i), 200)
+		if _, err := p.A.Send([][]byte{f, f, f}); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			b, sizes := bufs(4, 2048)
+			for {
+				if _, err := p.B.Recv(b, sizes, -1); err != nil {
+					return
+				}
+			}
+		}()
+		time.Sleep(10 * time.Millisecond)
+		closeAll(t, p)
+		<-done
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		g, fd := runtime.NumGoroutine(), countFDs()
+		if g <= g0 && fd <= fd0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<16)
+			buf = buf[:runtime.Stack(buf, true)]
+			t.Fatalf("leak: goroutines %d → %d, file descriptors %d → %d\n%s", g0, g, fd0, fd, buf)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func closeAll(t *testing.T, p Pair) {
+	t.Helper()
+	for _, l := range []xdp.Link{p.A, p.B} {
+		if err := l.Close(); err != nil {
+			t.Errorf("close %v: %v", l.Info(), err)
+		}
+	}
+}
+
+// countFDs counts this process's open file descriptors (-1 if unknown).
+func countFDs() int {
+	d, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return -1
+	}
+	return len(d)
+}

@@ -1,0 +1,91 @@
+package xdp
+
+import (
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/xmx-stack/xmx/bpf"
+)
+
+// An interface carries at most one XDP program, so every AF_XDP link of this
+// process on one interface shares one steering program; the last link to
+// close detaches it. Interfaces are keyed by network namespace and ifindex,
+// because two namespaces can hold interfaces with the same index.
+
+type steerKey struct {
+	netns   uint64 // inode of the network namespace
+	ifindex int
+}
+
+type steerEntry struct {
+	steer *bpf.Steering
+	mode  bpf.AttachMode // the mode in force
+	opts  bpf.LoadOptions
+	refs  int
+}
+
+var steerMu sync.Mutex
+
+// +checklocks:steerMu
+var steerTab = map[steerKey]*steerEntry{}
+
+// currentNetns returns the inode of the calling thread's network namespace.
+// The caller must have its OS thread locked if it switched namespaces.
+func currentNetns() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return 0, err
+	}
+	return st.Ino, nil
+}
+
+// acquireSteering returns the steering program of ifindex in the calling
+// thread's namespace, loading and attaching it on first use.
+func acquireSteering(ifname string, ifindex int, opts bpf.LoadOptions, mode bpf.AttachMode) (steerKey, *steerEntry, error) {
+	ns, err := currentNetns()
+	if err != nil {
+		return steerKey{}, nil, &OpError{Op: "read network namespace", Interface: ifname, Err: err}
+	}
+	key := steerKey{netns: ns, ifindex: ifindex}
+
+	steerMu.Lock()
+	defer steerMu.Unlock()
+	if e := steerTab[key]; e != nil {
+		if e.opts != opts {
+			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,
+				Err: fmt.Errorf("already attached by this process with options %+v, want %+v", e.opts, opts)}
+		}
+		if mode != bpf.AttachAuto && mode != e.mode {
+			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,
+				Err: fmt.Errorf("already attached in %s mode, %s requested", e.mode, mode)}
+		}
+		e.refs++
+		return key, e, nil
+	}
+	s, err := bpf.Load(opts)
+	if err != nil {
+		return key, nil, &OpError{Op: "load steering program", Interface: ifname, Err: err}
+	}
+	got, err := s.Attach(ifindex, mode)
+	if err != nil {
+		s.Close()
+		return key, nil, &OpError{Op: "attach steering program", Interface: ifname, Err: err}
+	}
+	e := &steerEntry{steer: s, mode: got, opts: opts, refs: 1}
+	steerTab[key] = e
+	return key, e, nil
+}
+
+// releaseSteering drops one reference; the last one detaches the program.
+func releaseSteering(key steerKey, e *steerEntry) error {
+	steerMu.Lock()
+	defer steerMu.Unlock()
+	e.refs--
+	if e.refs > 0 {
+		return nil
+	}
+	delete(steerTab, key)
+	return e.steer.Close()
+}
