@@ -1,0 +1,612 @@
+package xdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// AFPacketConfig configures [OpenAFPacket].
+type AFPacketConfig struct {
+	Interface string // interface name, e.g. "eth0" (required)
+	EtherType uint16 // EtherType to send and receive; 0 means DefaultEtherType
+	// Batch is the number of frames per recvmmsg/sendmmsg call; 0 means 64.
+	// It also caps the frames one Recv returns. At most 1024 (UIO_MAXIOV).
+	Batch int
+	// Spin makes Recv with a non-zero timeout spin on recvmmsg(MSG_DONTWAIT)
+	// instead of blocking in poll: lower latency, one core burnt.
+	Spin bool
+	// NoQdiscBypass keeps frames going through the interface's qdisc; by
+	// default the link sets PACKET_QDISC_BYPASS and hands them straight to
+	// the driver.
+	NoQdiscBypass bool
+	// RcvBuf and SndBuf are the socket buffer sizes in bytes; 0 means
+	// DefaultAFPacketBuf, a negative value leaves the kernel's default. As
+	// root the sizes are forced past net.core.{r,w}mem_max.
+	RcvBuf, SndBuf int
+}
+
+// DefaultAFPacketBuf is the socket buffer size (each direction) used when
+// AFPacketConfig.RcvBuf or SndBuf is 0.
+const DefaultAFPacketBuf = 4 << 20
+
+const (
+	afpacketDefaultBatch = 64
+	afpacketMaxBatch     = 1024 // UIO_MAXIOV: the kernel clamps vlen to it
+
+	// afpacketSendStall bounds how long Send waits without progress while
+	// the kernel answers EAGAIN (socket buffer full) or ENOBUFS (driver or
+	// peer queue full, frame dropped): past it the frame counts as refused.
+	afpacketSendStall = time.Second
+	// While the kernel answers ENOBUFS, Send backs off from
+	// afpacketMinBackoff, doubling up to afpacketMaxBackoff, between tries.
+	afpacketMinBackoff = 20 * time.Microsecond
+	afpacketMaxBackoff = time.Millisecond
+	// afpacketMaxPollOut bounds one poll(POLLOUT) wait inside Send, so that a
+	// socket stuck in POLLERR cannot make Send miss its stall deadline.
+	afpacketMaxPollOut = 10 * time.Millisecond
+
+	// afpacketFilterSnap is what the BPF filter accepts of a matching frame
+	// (more than any frame the link can carry).
+	afpacketFilterSnap = 262144
+)
+
+// AFPacketLink is a [Link] over an AF_PACKET raw socket bound to one
+// interface and one EtherType. It suits interfaces without AF_XDP support
+// (and veth pairs in tests). Frames move with recvmmsg and sendmmsg in
+// batches, through arrays allocated once at open, so Send and Recv make no
+// heap allocation in the steady state.
+//
+// Concurrency: Recv calls are serialised by rxMu and Send calls by txMu, so a
+// Recv and a Send can run at the same time. Close sets the closed flag,
+// signals the eventfd that every blocking wait polls, then takes rxMu, txMu
+// and statsMu before closing the descriptors: no call can use a closed (or
+// reused) descriptor.
+type AFPacketLink struct {
+	// Immutable after OpenAFPacket; read by anyone without a lock.
+	name      string
+	hwaddr    net.HardwareAddr
+	mtu       int
+	etherType uint16
+	batch     int
+	spin      bool
+	info      Info
+
+	// closed is set by Close before it wakes and waits for the calls in
+	// flight; every call checks it after taking its mutex and while waiting.
+	closed atomic.Bool
+
+	// closeMu serialises Close. The descriptors fd (the AF_PACKET socket)
+	// and efd (the eventfd Close signals) change only in Close, which holds
+	// closeMu, rxMu, txMu and statsMu at the time; reading them under any
+	// one of these mutexes is therefore safe. Both are -1 once closed.
+	closeMu sync.Mutex
+	fd, efd int
+
+	// rxMu serialises Recv and guards the receive arrays: rxMsgs[i] points
+	// at rxIov[i], whose Base points at the caller's bufs[i] during a Recv
+	// (and is cleared before Recv returns, so the link does not pin the
+	// caller's buffers).
+	rxMu   sync.Mutex
+	rxMsgs []mmsghdr
+	rxIov  []unix.Iovec
+	rxPoll [2]unix.PollFd // socket POLLIN, eventfd POLLIN
+	rxTs   unix.Timespec  // poll timeout of a bounded Recv
+
+	// txMu serialises Send and guards the transmit arrays, laid out like
+	// the receive ones, with txIov[i].Base pointing at the caller's frames
+	// during a Send.
+	txMu   sync.Mutex
+	txMsgs []mmsghdr
+	txIov  []unix.Iovec
+	txPoll [2]unix.PollFd // socket POLLOUT, eventfd POLLIN
+	txTs   unix.Timespec  // poll timeout of a Send waiting for room
+
+	// statsMu guards rxDropped, the sum of the PACKET_STATISTICS tp_drops
+	// read so far (the getsockopt resets the kernel counters), and the use
+	// of fd by Stats.
+	statsMu   sync.Mutex
+	rxDropped uint64
+
+	// Counters, written by the owner of the matching mutex (tx* and
+	// wakeups by Send under txMu, rx* by Recv under rxMu, plus wakeups by
+	// Recv) and read at any time by Stats.
+	txFrames, txBytes, txErrors    atomic.Uint64
+	rxFrames, rxBytes, rxTruncated atomic.Uint64
+	wakeups                        atomic.Uint64
+}
+
+var _ Link = (*AFPacketLink)(nil)
+
+// OpenAFPacket opens an AF_PACKET link on cfg.Interface. It needs
+// CAP_NET_RAW in the interface's network namespace (the socket belongs to
+// the namespace of the calling thread).
+//
+// The socket is bound to the interface and the EtherType, and a classic BPF
+// filter accepting only that EtherType is attached as well; frames that
+// reached the socket before the filter are drained.
+func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
+	name := cfg.Interface
+	fail := func(op string, err error) (*AFPacketLink, error) {
+		return nil, &OpError{Op: op, Interface: name, Err: err}
+	}
+	if name == "" {
+		return fail("open afpacket", errors.New("no interface given"))
+	}
+	et := cfg.EtherType
+	if et == 0 {
+		et = DefaultEtherType
+	}
+	batch := cfg.Batch
+	switch {
+	case batch == 0:
+		batch = afpacketDefaultBatch
+	case batch < 0:
+		return fail("open afpacket", errors.New("negative batch size"))
+	case batch > afpacketMaxBatch:
+		batch = afpacketMaxBatch
+	}
+
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return fail("lookup interface", err)
+	}
+
+	fd, err := unix.Socket(unix.AF_PACKET,
+		unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(et)))
+	if err != nil {
+		return fail("socket", err)
+	}
+	efd := -1
+	ok := false
+	defer func() {
+		if !ok {
+			unix.Close(fd)
+			if efd >= 0 {
+				unix.Close(efd)
+			}
+		}
+	}()
+
+	// The socket receives every frame of the EtherType, on any interface,
+	// from socket() until bind. Shut it with a drop-all filter, bind, drain
+	// what queued up meanwhile, then install the real filter.
+	if err := attachFilter(fd, dropAllFilter[:]); err != nil {
+		return fail("attach drop-all filter", err)
+	}
+	sa := &unix.SockaddrLinklayer{Protocol: htons(et), Ifindex: ifi.Index}
+	if err := unix.Bind(fd, sa); err != nil {
+		return fail("bind", err)
+	}
+	if err := drainSocket(fd); err != nil {
+		return fail("drain", err)
+	}
+	filter := etherTypeFilter(et)
+	if err := attachFilter(fd, filter[:]); err != nil {
+		return fail("attach filter", err)
+	}
+
+	bypass := false
+	if !cfg.NoQdiscBypass {
+		// Older kernels lack it (ENOPROTOOPT): fall back to the qdisc.
+		bypass = unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_QDISC_BYPASS, 1) == nil
+	}
+	// Since Linux 4.20; frames this socket sends are never looped back to
+	// it anyway because it is bound to one EtherType, so failure is fine.
+	_ = unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1)
+
+	if err := setSockBuf(fd, cfg.RcvBuf, unix.SO_RCVBUFFORCE, unix.SO_RCVBUF); err != nil {
+		return fail("set receive buffer", err)
+	}
+	if err := setSockBuf(fd, cfg.SndBuf, unix.SO_SNDBUFFORCE, unix.SO_SNDBUF); err != nil {
+		return fail("set send buffer", err)
+	}
+
+	efd, err = newEventFd()
+	if err != nil {
+		efd = -1
+		return fail("eventfd", err)
+	}
+
+	mode := []string{"qdisc"}
+	if bypass {
+		mode[0] = "qdisc-bypass"
+	}
+	if cfg.Spin {
+		mode = append(mode, "spin")
+	} else {
+		mode = append(mode, "poll")
+	}
+
+	l := &AFPacketLink{
+		name:      name,
+		hwaddr:    append(net.HardwareAddr(nil), ifi.HardwareAddr...),
+		mtu:       ifi.MTU,
+		etherType: et,
+		batch:     batch,
+		spin:      cfg.Spin,
+		info: Info{
+			Kind:      "afpacket",
+			Interface: name,
+			Queue:     -1,
+			Mode:      strings.Join(mode, " "),
+		},
+		fd:     fd,
+		efd:    efd,
+		rxMsgs: make([]mmsghdr, batch),
+		rxIov:  make([]unix.Iovec, batch),
+		txMsgs: make([]mmsghdr, batch),
+		txIov:  make([]unix.Iovec, batch),
+	}
+	for i := range batch {
+		l.rxMsgs[i].Hdr.Iov = &l.rxIov[i]
+		l.rxMsgs[i].Hdr.SetIovlen(1)
+		l.txMsgs[i].Hdr.Iov = &l.txIov[i]
+		l.txMsgs[i].Hdr.SetIovlen(1)
+	}
+	l.rxPoll = [2]unix.PollFd{
+		{Fd: int32(fd), Events: unix.POLLIN},
+		{Fd: int32(efd), Events: unix.POLLIN},
+	}
+	l.txPoll = [2]unix.PollFd{
+		{Fd: int32(fd), Events: unix.POLLOUT},
+		{Fd: int32(efd), Events: unix.POLLIN},
+	}
+	ok = true
+	return l, nil
+}
+
+// dropAllFilter is a classic BPF program that accepts nothing.
+var dropAllFilter = [...]unix.SockFilter{
+	{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+}
+
+// etherTypeFilter returns the classic BPF program accepting the frames of
+// EtherType et whole and dropping the others:
+//
+//	ldh [12]
+//	jeq #et, jt 0, jf 1
+//	ret #262144
+//	ret #0
+func etherTypeFilter(et uint16) [4]unix.SockFilter {
+	return [4]unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 12},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: uint32(et)},
+		{Code: unix.BPF_RET | unix.BPF_K, K: afpacketFilterSnap},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+	}
+}
+
+// attachFilter attaches (or replaces) the socket's classic BPF filter.
+func attachFilter(fd int, prog []unix.SockFilter) error {
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	return unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &fprog)
+}
+
+// drainSocket discards the frames queued on the non-blocking socket fd.
+func drainSocket(fd int) error {
+	var b [1]byte
+	for range 1 << 16 { // bound the loop should frames keep coming
+		_, _, err := unix.Recvfrom(fd, b[:], unix.MSG_DONTWAIT|unix.MSG_TRUNC)
+		switch err {
+		case nil, unix.EINTR:
+		case unix.EAGAIN:
+			return nil
+		default:
+			return err
+		}
+	}
+	return nil
+}
+
+// setSockBuf sets a socket buffer size (see AFPacketConfig.RcvBuf), forcing
+// it with optForce when the process may, with opt otherwise.
+func setSockBuf(fd, size, optForce, opt int) error {
+	if size < 0 {
+		return nil
+	}
+	if size == 0 {
+		size = DefaultAFPacketBuf
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, optForce, size); err == nil {
+		return nil
+	}
+	return unix.SetsockoptInt(fd, unix.SOL_SOCKET, opt, size)
+}
+
+func (l *AFPacketLink) opErr(op string, err error) error {
+	return &OpError{Op: op, Interface: l.name, Err: err}
+}
+
+// Send hands frames to the kernel with sendmmsg, Batch at a time, and
+// returns how many it took. It waits while the kernel has no room (EAGAIN,
+// or ENOBUFS when the driver or the peer's queue dropped the frame, which it
+// resends) for at most a second without progress, then fails with
+// ErrTxStalled. Frames are validated as they come: the frames before an
+// invalid one (too long: ErrFrameTooLong; too short: ErrFrameTooShort) are
+// sent and counted in n. A frame the kernel refuses (ENETDOWN, ENXIO,
+// EMSGSIZE..., or a stalled wait) is counted in Stats.TxErrors and Send
+// returns its index as n with an *OpError wrapping the errno.
+func (l *AFPacketLink) Send(frames [][]byte) (int, error) {
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	if l.closed.Load() {
+		return 0, l.opErr("send", net.ErrClosed)
+	}
+	maxLen := l.mtu + EthHeaderLen
+	sent := 0
+	for sent < len(frames) {
+		k := 0
+		var bad error
+		for k < l.batch && sent+k < len(frames) {
+			f := frames[sent+k]
+			if err := checkFrame(f, maxLen); err != nil {
+				bad = err
+				break
+			}
+			l.txIov[k].Base = unsafe.SliceData(f)
+			l.txIov[k].SetLen(len(f))
+			k++
+		}
+		m, err := l.sendBatch(k)
+		for i := range k {
+			l.txIov[i].Base = nil // do not pin the caller's frames
+		}
+		sent += m
+		if err != nil {
+			return sent, err
+		}
+		if bad != nil {
+			return sent, l.opErr("send", bad)
+		}
+	}
+	return sent, nil
+}
+
+// sendBatch sends txMsgs[:k] and returns how many went; it returns fewer
+// only with an error. The caller holds txMu.
+func (l *AFPacketLink) sendBatch(k int) (int, error) {
+	done := 0
+	var stall time.Time // deadline of the current wait without progress
+	backoff := afpacketMinBackoff
+	for done < k {
+		r, e := sendmmsg(l.fd, l.txMsgs[done:k], unix.MSG_DONTWAIT)
+		if r > 0 {
+			var bytes uint64
+			for i := done; i < done+r; i++ {
+				bytes += uint64(l.txIov[i].Len)
+			}
+			l.txFrames.Add(uint64(r))
+			l.txBytes.Add(bytes)
+			done += r
+			stall = time.Time{}
+			backoff = afpacketMinBackoff
+			continue
+		}
+		switch e {
+		case unix.EINTR:
+			continue
+		case 0: // no frame taken, no error: treat as a full buffer
+			e = unix.EAGAIN
+		case unix.EAGAIN, unix.ENOBUFS:
+		default:
+			l.txErrors.Add(1)
+			return done, l.opErr("send", e)
+		}
+		if l.closed.Load() {
+			return done, l.opErr("send", net.ErrClosed)
+		}
+		now := time.Now()
+		if stall.IsZero() {
+			stall = now.Add(afpacketSendStall)
+		} else if !now.Before(stall) {
+			l.txErrors.Add(1)
+			return done, l.opErr("send", fmt.Errorf("%w: no progress for %v (%w)", ErrTxStalled, afpacketSendStall, e))
+		}
+		var fds []unix.PollFd
+		var wait time.Duration
+		if e == unix.EAGAIN {
+			// The socket buffer is full: wait until it drains.
+			fds = l.txPoll[:]
+			wait = min(stall.Sub(now), afpacketMaxPollOut)
+		} else {
+			// The frame was dropped below the socket, which is still
+			// writable: back off, listening only for Close.
+			fds = l.txPoll[1:]
+			wait = min(stall.Sub(now), backoff)
+			backoff = min(2*backoff, afpacketMaxBackoff)
+		}
+		l.txTs = unix.NsecToTimespec(int64(wait))
+		l.txPoll[0].Revents, l.txPoll[1].Revents = 0, 0
+		l.wakeups.Add(1)
+		if _, pe := pollFds(fds, &l.txTs); pe != 0 && pe != unix.EINTR {
+			return done, l.opErr("poll", pe)
+		}
+		if l.txPoll[1].Revents != 0 || l.closed.Load() {
+			return done, l.opErr("send", net.ErrClosed)
+		}
+	}
+	return done, nil
+}
+
+// Recv receives up to min(len(bufs), len(sizes), Batch) frames with
+// recvmmsg; see [Link.Recv] for the timeout. A blocking Recv waits in poll
+// on the socket and on the eventfd Close signals, or spins on recvmmsg when
+// the link was opened with Spin. Kernel errors come back as an *OpError
+// (after an ENETDOWN, for instance, the socket works again once the
+// interface is up).
+func (l *AFPacketLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	if l.closed.Load() {
+		return 0, l.opErr("recv", net.ErrClosed)
+	}
+	n := min(len(bufs), len(sizes), l.batch)
+	if n == 0 {
+		return 0, nil
+	}
+	for i := range n {
+		l.rxIov[i].Base = unsafe.SliceData(bufs[i])
+		l.rxIov[i].SetLen(len(bufs[i]))
+	}
+	r, err := l.recvLocked(n, timeout)
+	for i := range n {
+		l.rxIov[i].Base = nil // do not pin the caller's buffers
+	}
+	if r == 0 {
+		return 0, err
+	}
+	var bytes, trunc uint64
+	for i := range r {
+		m := &l.rxMsgs[i]
+		size := int(m.Len)
+		if m.Hdr.Flags&unix.MSG_TRUNC != 0 || size > len(bufs[i]) {
+			trunc++
+			size = min(size, len(bufs[i]))
+		}
+		sizes[i] = size
+		bytes += uint64(size)
+	}
+	l.rxFrames.Add(uint64(r))
+	l.rxBytes.Add(bytes)
+	if trunc > 0 {
+		l.rxTruncated.Add(trunc)
+	}
+	return r, nil
+}
+
+// recvLocked receives into rxMsgs[:n], waiting as timeout says. The caller
+// holds rxMu.
+func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	for {
+		r, e := recvmmsg(l.fd, l.rxMsgs[:n], unix.MSG_DONTWAIT)
+		if r > 0 {
+			return r, nil
+		}
+		switch e {
+		case 0, unix.EAGAIN:
+		case unix.EINTR:
+			continue
+		default:
+			return 0, l.opErr("recv", e)
+		}
+		if timeout == 0 {
+			return 0, nil
+		}
+		if l.closed.Load() {
+			return 0, l.opErr("recv", net.ErrClosed)
+		}
+		var ts *unix.Timespec
+		if timeout > 0 {
+			left := time.Until(deadline)
+			if left <= 0 {
+				return 0, nil
+			}
+			if l.spin {
+				continue
+			}
+			l.rxTs = unix.NsecToTimespec(int64(left))
+			ts = &l.rxTs
+		}
+		if l.spin {
+			continue
+		}
+		l.rxPoll[0].Revents, l.rxPoll[1].Revents = 0, 0
+		l.wakeups.Add(1)
+		if _, pe := pollFds(l.rxPoll[:], ts); pe != 0 && pe != unix.EINTR {
+			return 0, l.opErr("poll", pe)
+		}
+		if l.rxPoll[1].Revents != 0 || l.closed.Load() {
+			return 0, l.opErr("recv", net.ErrClosed)
+		}
+	}
+}
+
+// HardwareAddr returns (a copy of) the interface's MAC address as it was at
+// open.
+func (l *AFPacketLink) HardwareAddr() net.HardwareAddr {
+	return append(net.HardwareAddr(nil), l.hwaddr...)
+}
+
+// MTU returns the interface's MTU as it was at open.
+func (l *AFPacketLink) MTU() int { return l.mtu }
+
+// Info describes the link: Kind "afpacket", Queue -1, Mode "qdisc-bypass"
+// or "qdisc" followed by "spin" or "poll".
+func (l *AFPacketLink) Info() Info { return l.info }
+
+// Stats returns the link's counters. RxDropped sums the kernel's
+// PACKET_STATISTICS drops, read (and thereby reset in the kernel) on each
+// call and at Close.
+func (l *AFPacketLink) Stats() Stats {
+	l.statsMu.Lock()
+	l.pollDropsLocked()
+	dropped := l.rxDropped
+	l.statsMu.Unlock()
+	return Stats{
+		TxFrames:    l.txFrames.Load(),
+		TxBytes:     l.txBytes.Load(),
+		TxErrors:    l.txErrors.Load(),
+		RxFrames:    l.rxFrames.Load(),
+		RxBytes:     l.rxBytes.Load(),
+		RxTruncated: l.rxTruncated.Load(),
+		RxDropped:   dropped,
+		Wakeups:     l.wakeups.Load(),
+	}
+}
+
+// pollDropsLocked adds the kernel's drops since the last read to rxDropped.
+// The caller holds statsMu.
+func (l *AFPacketLink) pollDropsLocked() {
+	if l.fd < 0 {
+		return
+	}
+	if st, err := unix.GetsockoptTpacketStats(l.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
+		l.rxDropped += uint64(st.Drops)
+	}
+}
+
+// Close wakes the calls blocked in Send or Recv (they return net.ErrClosed),
+// waits for the calls in flight, and closes the socket and the eventfd.
+// Later calls return net.ErrClosed; closing again returns nil.
+func (l *AFPacketLink) Close() error {
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
+	if l.fd < 0 {
+		return nil
+	}
+	l.closed.Store(true)
+	werr := eventfdSignal(l.efd)
+
+	l.rxMu.Lock()
+	l.txMu.Lock()
+	l.statsMu.Lock()
+	l.pollDropsLocked()
+	err := unix.Close(l.fd)
+	if e := unix.Close(l.efd); err == nil {
+		err = e
+	}
+	l.fd, l.efd = -1, -1
+	l.statsMu.Unlock()
+	l.txMu.Unlock()
+	l.rxMu.Unlock()
+
+	if err == nil {
+		err = werr
+	}
+	if err != nil {
+		return l.opErr("close", err)
+	}
+	return nil
+}

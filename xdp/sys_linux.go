@@ -1,0 +1,105 @@
+package xdp
+
+// Raw syscall helpers shared by the Linux links (owned by the AF_PACKET link;
+// the AF_XDP link may reuse them). They make no heap allocation: errors are
+// returned as a bare unix.Errno (0 on success) rather than as an error
+// interface, and every pointer they take refers to memory the caller keeps
+// alive (the links preallocate their arrays at open).
+
+import (
+	"encoding/binary"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// mmsghdr mirrors struct mmsghdr of recvmmsg(2) and sendmmsg(2): a msghdr
+// followed by the number of bytes transferred. Go pads the struct to the
+// alignment of Msghdr, which gives the C layout on every Linux arch (64
+// bytes on 64-bit, 32 bytes on 32-bit).
+type mmsghdr struct {
+	Hdr unix.Msghdr
+	Len uint32 // msg_len: bytes received or sent, written by the kernel
+}
+
+// recvmmsg is recvmmsg(2) without a timeout: it fills up to len(msgs)
+// messages and returns how many it filled. It returns errno 0 on success.
+func recvmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
+	if len(msgs) == 0 {
+		return 0, 0
+	}
+	r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(fd),
+		uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)),
+		uintptr(flags), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), 0
+}
+
+// sendmmsg is sendmmsg(2): it sends up to len(msgs) messages and returns
+// how many the kernel took. The kernel reports an error only when it took
+// none, so a partial count means the next call will meet the error (if any)
+// on msgs[n]. It returns errno 0 on success.
+func sendmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
+	if len(msgs) == 0 {
+		return 0, 0
+	}
+	r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(fd),
+		uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)),
+		uintptr(flags), 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), 0
+}
+
+// pollFds is ppoll(2) without a signal mask: it waits until one of fds is
+// ready or timeout expires (nil waits forever) and returns the number of
+// ready descriptors (0 on timeout). Entries with a negative Fd are ignored
+// by the kernel. It returns errno 0 on success, EINTR when a signal
+// interrupted the wait.
+func pollFds(fds []unix.PollFd, timeout *unix.Timespec) (int, unix.Errno) {
+	var p unsafe.Pointer
+	if len(fds) > 0 {
+		p = unsafe.Pointer(&fds[0])
+	}
+	r, _, e := unix.Syscall6(unix.SYS_PPOLL, uintptr(p), uintptr(len(fds)),
+		uintptr(unsafe.Pointer(timeout)), 0, 0, 0)
+	if e != 0 {
+		return 0, e
+	}
+	return int(r), 0
+}
+
+// newEventFd returns a non-blocking, close-on-exec eventfd used to wake
+// goroutines blocked in pollFds (see eventfdSignal).
+func newEventFd() (int, error) {
+	return unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+}
+
+// eventfdSignal adds 1 to the eventfd's counter, which makes it readable
+// (POLLIN) until someone reads it. The links never read it: once signalled
+// at Close, it stays readable and wakes every later poll at once.
+func eventfdSignal(fd int) error {
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], 1)
+	for {
+		_, err := unix.Write(fd, b[:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EAGAIN {
+			return nil // counter saturated: already readable
+		}
+		return err
+	}
+}
+
+// htons converts a 16-bit value from host to network byte order, as the
+// AF_PACKET socket protocol and sockaddr_ll.sll_protocol want it.
+func htons(v uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], v)
+	return binary.NativeEndian.Uint16(b[:])
+}
