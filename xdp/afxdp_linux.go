@@ -275,7 +275,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 		return nil, fail("bind AF_XDP socket to queue "+fmt.Sprint(cfg.Queue), err)
 	}
 
-	l.efd, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	l.efd, err = newEventFd()
 	if err != nil {
 		return nil, fail("create eventfd", err)
 	}
@@ -613,11 +613,10 @@ func (l *AFXDPLink) wait(fds []unix.PollFd, ts *unix.Timespec, d time.Duration) 
 		*ts = unix.NsecToTimespec(int64(d))
 		tsp = ts
 	}
-	_, err := unix.Ppoll(fds, tsp, nil)
-	if err == unix.EINTR {
-		return nil
+	if _, e := pollFds(fds, tsp); e != 0 && e != unix.EINTR {
+		return e
 	}
-	return err
+	return nil
 }
 
 // Stats implements Link.
@@ -659,8 +658,7 @@ func (l *AFXDPLink) Close() error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	one := [8]byte{1}
-	unix.Write(l.efd, one[:]) // wake pollers; the eventfd stays readable
+	eventfdSignal(l.efd) // wake pollers; the eventfd stays readable
 	l.closeMu.Lock()
 	defer l.closeMu.Unlock()
 
@@ -689,21 +687,4 @@ func (l *AFXDPLink) Close() error {
 	l.umem = nil
 	note("close eventfd", unix.Close(l.efd))
 	return errors.Join(errs...)
-}
-
-func setsockopt(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
-	_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(p), size, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
-func getsockopt(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
-	l := uint32(size)
-	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(p), uintptr(unsafe.Pointer(&l)), 0)
-	if e != 0 {
-		return e
-	}
-	return nil
 }

@@ -1,0 +1,60 @@
+# xmx: build, test and demo. Everything that needs the network (AF_XDP, BPF,
+# namespaces) needs root: run `sudo make demo` and `sudo make test`.
+
+GO      ?= $(shell command -v go || echo /usr/local/go/bin/go)
+export PATH := $(dir $(GO)):$(PATH)
+
+# Debian packages the tests and the lab use (ip, tc with netem, ping).
+DEB_PKGS := iproute2 iputils-ping kmod
+# Debian packages needed only to regenerate the BPF object (make generate).
+DEB_GEN  := clang llvm libbpf-dev
+
+.PHONY: all build test demo bench generate deps deps-generate fmt-check vet clean
+
+all: build
+
+build:
+	$(GO) build -o bin/xmx ./cmd/xmx
+
+# Install what a fresh Debian machine lacks (as root); a no-op when present.
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	$(GO) mod download
+
+deps-generate:
+	@missing=""; for p in $(DEB_GEN); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+# The whole suite, privileged tests included (they skip without root unless
+# XMX_REQUIRE_PRIVILEGED=1, which turns a skip into a failure).
+test: deps fmt-check vet
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+# The first thing to run: a two-host veth lab, the links measured through
+# it (ping-pong and a burst), the lab torn down.
+demo: deps build
+	./bin/xmx linkbench -rounds 1 -n 5000 -stream-time 500ms
+
+# The full link benchmark (interleaved rounds, the asavie/xdp floor beside).
+bench: deps build
+	./bin/xmx linkbench -rounds 5 -n 20000
+
+# Regenerate the BPF object and its Go bindings (needs clang).
+generate: deps-generate
+	$(GO) generate ./bpf
+
+clean:
+	rm -rf bin

@@ -1,0 +1,74 @@
+// Command xmx is the user's tool for the xmx messaging stack.
+//
+//	xmx linkbench [flags]   measure the links (AF_XDP, AF_PACKET, the asavie/xdp floor) in a veth lab
+//
+// Run "xmx COMMAND -h" for the flags of a command.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+)
+
+// A command is one subcommand of xmx.
+type command struct {
+	summary string
+	run     func(args []string) error
+}
+
+var commands = map[string]command{
+	"linkbench": {"measure link round trips and frame rates in a fresh veth lab", runLinkBench},
+}
+
+// errUsage marks errors in the command line (exit status 2).
+var errUsage = errors.New("usage")
+
+func usage() {
+	fmt.Fprintf(os.Stderr, "usage: xmx COMMAND [flags]\n\ncommands:\n")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintf(os.Stderr, "\nRun \"xmx COMMAND -h\" for the flags of a command.\n")
+}
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage()
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		return
+	}
+	cmd, ok := commands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "xmx: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	if err := cmd.run(os.Args[2:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintf(os.Stderr, "xmx %s: %v\n", os.Args[1], err)
+		if errors.Is(err, errUsage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+// requireRoot explains what to do when the command needs privileges.
+func requireRoot(what string) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%s needs root (AF_XDP, BPF and network namespaces): run it with sudo", what)
+	}
+	return nil
+}

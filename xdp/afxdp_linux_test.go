@@ -1,0 +1,234 @@
+package xdp_test
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/internal/netlab"
+	"github.com/xmx-stack/xmx/xdp"
+	"github.com/xmx-stack/xmx/xdp/linktest"
+)
+
+// openAFXDP opens an AF_XDP link on h's eth0 and closes it at cleanup.
+func openAFXDP(tb testing.TB, h *netlab.Host, cfg xdp.AFXDPConfig) *xdp.AFXDPLink {
+	tb.Helper()
+	cfg.Interface = h.Interface
+	var l *xdp.AFXDPLink
+	err := h.Do(func() (err error) {
+		l, err = xdp.OpenAFXDP(cfg)
+		return err
+	})
+	if err != nil {
+		tb.Fatalf("open AF_XDP on %s: %v", h.Name, err)
+	}
+	tb.Cleanup(func() { l.Close() })
+	return l
+}
+
+// kernelDrops sums the interface drop counters of the lab's hosts.
+func kernelDrops(tb testing.TB, lab *netlab.Lab) func() uint64 {
+	return func() uint64 {
+		var sum uint64
+		for _, h := range lab.Hosts {
+			s, err := h.IfaceStats()
+			if err != nil {
+				tb.Errorf("interface counters of %s: %v", h.Name, err)
+				continue
+			}
+			sum += s.RxDropped + s.TxDropped
+		}
+		return sum
+	}
+}
+
+func TestAFXDPConformance(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	for _, spin := range []bool{false, true} {
+		name := map[bool]string{false: "poll", true: "spin"}[spin]
+		t.Run(name, func(t *testing.T) {
+			linktest.Run(t, func(tb testing.TB) linktest.Pair {
+				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin})
+				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin})
+				return linktest.Pair{A: a, B: b, KernelDrops: kernelDrops(tb, lab)}
+			}, linktest.Options{})
+		})
+	}
+}
+
+func TestAFXDPInfo(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	l := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{})
+	info := l.Info()
+	// veth supports native XDP but not zero-copy AF_XDP.
+	if info.Kind != "afxdp" || info.Mode != "copy drv poll" || info.Queue != 0 || info.Interface != "eth0" {
+		t.Errorf("Info() = %+v, want afxdp on eth0 queue 0 in mode \"copy drv poll\"", info)
+	}
+	if l.ZeroCopy() {
+		t.Error("ZeroCopy() on veth")
+	}
+	if _, err := xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "nonexistent0"}); err == nil ||
+		!strings.Contains(err.Error(), "nonexistent0") {
+		t.Errorf("open on a missing interface: %v, want an error naming it", err)
+	}
+	var err error
+	lab.Hosts[0].Do(func() error {
+		_, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Bind: xdp.BindZeroCopy})
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "zero-copy") {
+		t.Errorf("forced zero-copy on veth: %v, want a zero-copy error", err)
+	}
+}
+
+// TestAFXDPKeepsIPWorking checks that the steering program passes ARP and
+// IP to the kernel while a link is open, and that nothing stays attached
+// after Close.
+func TestAFXDPKeepsIPWorking(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	a := openAFXDP(t, h1, xdp.AFXDPConfig{})
+	b := openAFXDP(t, h2, xdp.AFXDPConfig{})
+	if !hasXDP(t, h1) || !hasXDP(t, h2) {
+		t.Fatal("no XDP program attached while links are open")
+	}
+	if err := h1.Ping(h2, 3); err != nil {
+		t.Fatalf("ping with AF_XDP links open: %v", err)
+	}
+	if err := h2.Ping(h1, 3); err != nil {
+		t.Fatalf("ping with AF_XDP links open: %v", err)
+	}
+	a.Close()
+	b.Close()
+	if hasXDP(t, h1) || hasXDP(t, h2) {
+		t.Fatal("XDP program still attached after Close")
+	}
+}
+
+func hasXDP(tb testing.TB, h *netlab.Host) bool {
+	tb.Helper()
+	out, err := exec.Command("ip", "-n", h.Namespace, "link", "show", "dev", h.Interface).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("ip link show: %v: %s", err, out)
+	}
+	return strings.Contains(string(out), "prog/xdp")
+}
+
+// TestAFXDPKill9 kills a process that holds an AF_XDP link and checks that
+// the interface is left as it was: no program attached, ping working.
+func TestAFXDPKill9(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := h1.Command(exe, "-test.run=^TestHelperHoldLink$")
+	cmd.Env = append(os.Environ(), "XMX_HOLD_LINK="+h1.Interface)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "ready") {
+				ready <- sc.Text()
+				return
+			}
+		}
+		ready <- "exited"
+	}()
+	select {
+	case line := <-ready:
+		if line != "ready" {
+			t.Fatalf("holder process: %s", line)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("holder process did not open its link")
+	}
+	if !hasXDP(t, h1) {
+		t.Fatal("holder process has no XDP program attached")
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	// The bpf_link is released with the last file descriptor of the killed
+	// process; give the kernel a moment to tear it down.
+	deadline := time.Now().Add(5 * time.Second)
+	for hasXDP(t, h1) {
+		if time.Now().After(deadline) {
+			t.Fatal("XDP program still attached 5 s after kill -9")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := h2.Ping(h1, 3); err != nil {
+		t.Fatalf("ping after kill -9 of the link holder: %v", err)
+	}
+}
+
+// TestHelperHoldLink is run as a separate process by TestAFXDPKill9: it opens
+// a link, says "ready" and waits to be killed.
+func TestHelperHoldLink(t *testing.T) {
+	ifname := os.Getenv("XMX_HOLD_LINK")
+	if ifname == "" {
+		t.Skip("helper process for TestAFXDPKill9")
+	}
+	l, err := xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: ifname})
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(1)
+	}
+	fmt.Println("ready")
+	bufs, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+	deadline := time.Now().Add(60 * time.Second) // bounded even if nobody kills us
+	for time.Now().Before(deadline) {
+		l.Recv(bufs, sizes, 100*time.Millisecond)
+	}
+	os.Exit(0)
+}
+
+// TestAFXDPNoAllocs checks that Send and Recv make no heap allocation in
+// steady state, in both receive modes.
+func TestAFXDPNoAllocs(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	for _, spin := range []bool{false, true} {
+		a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{Spin: spin})
+		b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{Spin: spin})
+		f := make([]byte, 64)
+		copy(f, b.HardwareAddr())
+		copy(f[6:], a.HardwareAddr())
+		f[12], f[13] = 0x88, 0xb5
+		frames := [][]byte{f}
+		bufs, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+		allocs := testing.AllocsPerRun(2000, func() {
+			if _, err := a.Send(frames); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := b.Recv(bufs, sizes, time.Second); n != 1 || err != nil {
+				t.Fatalf("recv = %d, %v", n, err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("spin=%v: %.1f allocations per Send+Recv, want 0", spin, allocs)
+		}
+		a.Close()
+		b.Close()
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package xdp_test
+
+const raceEnabled = false
