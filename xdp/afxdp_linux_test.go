@@ -232,3 +232,53 @@ func TestAFXDPNoAllocs(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestAFXDPMultiQueue runs the conformance suite over one socket per queue
+// on two-queue veths, and checks that a frame arriving on the second queue
+// is received.
+func TestAFXDPMultiQueue(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, Queues: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	openMulti := func(tb testing.TB, h *netlab.Host, spin bool) *xdp.AFXDPMultiLink {
+		var l *xdp.AFXDPMultiLink
+		err := h.Do(func() (err error) {
+			l, err = xdp.OpenAFXDPQueues(xdp.AFXDPConfig{Interface: h.Interface, Spin: spin}, []int{0, 1})
+			return err
+		})
+		if err != nil {
+			tb.Fatalf("open AF_XDP queues 0,1 on %s: %v", h.Name, err)
+		}
+		tb.Cleanup(func() { l.Close() })
+		return l
+	}
+	for _, spin := range []bool{false, true} {
+		t.Run(map[bool]string{false: "poll", true: "spin"}[spin], func(t *testing.T) {
+			linktest.Run(t, func(tb testing.TB) linktest.Pair {
+				return linktest.Pair{A: openMulti(tb, h1, spin), B: openMulti(tb, h2, spin)}
+			}, linktest.Options{Frames: 10000})
+		})
+	}
+	t.Run("EachQueue", func(t *testing.T) {
+		b := openMulti(t, h2, false)
+		for _, q := range []int{0, 1} {
+			a := openAFXDP(t, h1, xdp.AFXDPConfig{Queue: q})
+			f := make([]byte, 100)
+			copy(f, b.HardwareAddr())
+			copy(f[6:], a.HardwareAddr())
+			f[12], f[13] = 0x88, 0xb5
+			f[20] = byte(q)
+			if _, err := a.Send([][]byte{f}); err != nil {
+				t.Fatal(err)
+			}
+			bufs, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+			n, err := b.Recv(bufs, sizes, 2*time.Second)
+			if err != nil || n != 1 || bufs[0][20] != byte(q) {
+				t.Fatalf("frame sent on queue %d: Recv = %d, %v", q, n, err)
+			}
+			if got := b.Queues()[q].Stats().RxFrames; got != 1 {
+				t.Errorf("queue %d link received %d frames, want 1", q, got)
+			}
+			a.Close()
+		}
+	})
+}

@@ -119,6 +119,27 @@ func (s Stats) Lost() uint64 {
 	return s.RxDropped + s.RxRingFull + s.InjectedLoss + s.QueueDrops + s.TxErrors
 }
 
+// Add adds o's counters to s (to total the links of several queues).
+func (s *Stats) Add(o Stats) {
+	s.TxFrames += o.TxFrames
+	s.TxBytes += o.TxBytes
+	s.RxFrames += o.RxFrames
+	s.RxBytes += o.RxBytes
+	s.TxErrors += o.TxErrors
+	s.RxTruncated += o.RxTruncated
+	s.RxDropped += o.RxDropped
+	s.RxInvalidDescs += o.RxInvalidDescs
+	s.TxInvalidDescs += o.TxInvalidDescs
+	s.RxRingFull += o.RxRingFull
+	s.RxFillRingEmpty += o.RxFillRingEmpty
+	s.TxRingEmpty += o.TxRingEmpty
+	s.Wakeups += o.Wakeups
+	s.InjectedLoss += o.InjectedLoss
+	s.InjectedDuplicate += o.InjectedDuplicate
+	s.InjectedReorder += o.InjectedReorder
+	s.QueueDrops += o.QueueDrops
+}
+
 // Errors returned by links. They are matched with errors.Is; the errors a
 // link returns wrap them with the operation and the interface.
 var (

@@ -1,0 +1,210 @@
+package xdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// AFXDPMultiLink is a Link over one AF_XDP socket per receive queue of an
+// interface, for multi-queue NICs whose RSS spreads incoming frames over
+// several queues. Recv gathers from every queue; Send puts every frame on
+// the queue chosen by its destination address, so frames to one peer leave
+// through one socket and stay in order.
+//
+// LOCK ORDERING: rxMu > the queue links' own locks.
+type AFXDPMultiLink struct {
+	links []*AFXDPLink
+	spin  bool
+
+	closed atomic.Bool
+	// closeMu is held shared by Recv while it polls the queue links' file
+	// descriptors, exclusively by Close while it closes them.
+	closeMu sync.RWMutex
+
+	rxMu sync.Mutex
+	// +checklocks:rxMu
+	next int // queue where the next Recv starts, for fairness
+	// +checklocks:rxMu
+	pollFds []unix.PollFd // every socket, then every eventfd
+	// +checklocks:rxMu
+	ts unix.Timespec
+}
+
+var _ Link = (*AFXDPMultiLink)(nil)
+
+// OpenAFXDPQueues opens one AF_XDP socket on each of the given queues of
+// cfg.Interface (cfg.Queue is ignored) and returns them as one link.
+func OpenAFXDPQueues(cfg AFXDPConfig, queues []int) (*AFXDPMultiLink, error) {
+	if len(queues) == 0 {
+		return nil, fmt.Errorf("xdp: open AF_XDP on %s: no queue given", cfg.Interface)
+	}
+	m := &AFXDPMultiLink{spin: cfg.Spin}
+	seen := map[int]bool{}
+	for _, q := range queues {
+		if seen[q] {
+			m.Close()
+			return nil, fmt.Errorf("xdp: open AF_XDP on %s: queue %d given twice", cfg.Interface, q)
+		}
+		seen[q] = true
+		c := cfg
+		c.Queue = q
+		l, err := OpenAFXDP(c)
+		if err != nil {
+			m.Close()
+			return nil, err
+		}
+		m.links = append(m.links, l)
+	}
+	for _, l := range m.links {
+		m.pollFds = append(m.pollFds, unix.PollFd{Fd: int32(l.fd), Events: unix.POLLIN})
+	}
+	for _, l := range m.links {
+		m.pollFds = append(m.pollFds, unix.PollFd{Fd: int32(l.efd), Events: unix.POLLIN})
+	}
+	return m, nil
+}
+
+// Queues returns the per-queue links.
+func (m *AFXDPMultiLink) Queues() []*AFXDPLink { return m.links }
+
+// HardwareAddr implements Link.
+func (m *AFXDPMultiLink) HardwareAddr() net.HardwareAddr { return m.links[0].HardwareAddr() }
+
+// MTU implements Link.
+func (m *AFXDPMultiLink) MTU() int { return m.links[0].MTU() }
+
+// Info implements Link; Queue is the first queue and Mode lists them all.
+func (m *AFXDPMultiLink) Info() Info {
+	info := m.links[0].Info()
+	qs := make([]string, len(m.links))
+	for i, l := range m.links {
+		qs[i] = fmt.Sprint(l.queue)
+	}
+	info.Mode += " queues=" + strings.Join(qs, ",")
+	return info
+}
+
+// queueFor picks the send queue of a frame from its destination address.
+func (m *AFXDPMultiLink) queueFor(f []byte) int {
+	if len(m.links) == 1 || len(f) < 6 {
+		return 0
+	}
+	h := uint32(2166136261)
+	for _, b := range f[:6] {
+		h = (h ^ uint32(b)) * 16777619
+	}
+	return int(h % uint32(len(m.links)))
+}
+
+// Send implements Link: runs of consecutive frames bound for the same queue
+// go out in one batch.
+func (m *AFXDPMultiLink) Send(frames [][]byte) (int, error) {
+	sent := 0
+	for sent < len(frames) {
+		q := m.queueFor(frames[sent])
+		end := sent + 1
+		for end < len(frames) && m.queueFor(frames[end]) == q {
+			end++
+		}
+		n, err := m.links[q].Send(frames[sent:end])
+		sent += n
+		if err != nil {
+			return sent, err
+		}
+	}
+	return sent, nil
+}
+
+// Recv implements Link: it takes what every queue has ready, starting with
+// a different queue each call, and waits on all of them when none has any.
+func (m *AFXDPMultiLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
+	m.closeMu.RLock()
+	defer m.closeMu.RUnlock()
+	if m.closed.Load() {
+		return 0, m.links[0].closedErr("recv")
+	}
+	m.rxMu.Lock()
+	defer m.rxMu.Unlock()
+	var deadline time.Time
+	if timeout > 0 {
+		deadline = time.Now().Add(timeout)
+	}
+	for spins := 0; ; spins++ {
+		got := 0
+		for i := range m.links {
+			if got == len(bufs) {
+				break
+			}
+			l := m.links[(m.next+i)%len(m.links)]
+			n, err := l.Recv(bufs[got:], sizes[got:], 0)
+			if err != nil {
+				return got, err
+			}
+			got += n
+		}
+		m.next = (m.next + 1) % len(m.links)
+		if got > 0 || timeout == 0 {
+			return got, nil
+		}
+		if m.closed.Load() {
+			return 0, m.links[0].closedErr("recv")
+		}
+		if m.spin {
+			if timeout > 0 && spins&255 == 255 && !time.Now().Before(deadline) {
+				return 0, nil
+			}
+			continue
+		}
+		var tsp *unix.Timespec
+		if timeout > 0 {
+			wait := time.Until(deadline)
+			if wait <= 0 {
+				return 0, nil
+			}
+			m.ts = unix.NsecToTimespec(int64(wait))
+			tsp = &m.ts
+		}
+		if _, e := pollFds(m.pollFds, tsp); e != 0 && e != unix.EINTR {
+			return 0, &OpError{Op: "recv: poll", Interface: m.links[0].ifname, Err: e}
+		}
+		for _, p := range m.pollFds[len(m.links):] {
+			if p.Revents != 0 {
+				return 0, m.links[0].closedErr("recv")
+			}
+		}
+	}
+}
+
+// Stats implements Link: the sum over the queues.
+func (m *AFXDPMultiLink) Stats() Stats {
+	var s Stats
+	for _, l := range m.links {
+		s.Add(l.Stats())
+	}
+	return s
+}
+
+// Close implements Link: it closes every queue's link.
+func (m *AFXDPMultiLink) Close() error {
+	if !m.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	// Wake a Recv blocked in poll before waiting for it to leave.
+	for _, l := range m.links {
+		eventfdSignal(l.efd)
+	}
+	m.closeMu.Lock()
+	defer m.closeMu.Unlock()
+	var errs []error
+	for _, l := range m.links {
+		errs = append(errs, l.Close())
+	}
+	return errors.Join(errs...)
+}
