@@ -89,6 +89,7 @@ type AFPacketLink struct {
 	// one of these mutexes is therefore safe. Both are -1 once closed.
 	closeMu sync.Mutex
 	fd, efd int
+	wk      waker // Wake's eventfd (closed with efd) and flag
 
 	// rxMu serialises Recv and guards the receive arrays: rxMsgs[i] points
 	// at rxIov[i], whose Base points at the caller's bufs[i] during a Recv
@@ -97,7 +98,7 @@ type AFPacketLink struct {
 	rxMu   sync.Mutex
 	rxMsgs []mmsghdr
 	rxIov  []unix.Iovec
-	rxPoll [2]unix.PollFd // socket POLLIN, eventfd POLLIN
+	rxPoll [3]unix.PollFd // socket POLLIN, eventfd POLLIN, wake eventfd POLLIN
 	rxTs   unix.Timespec  // poll timeout of a bounded Recv
 
 	// txMu serialises Send and guards the transmit arrays, laid out like
@@ -123,7 +124,10 @@ type AFPacketLink struct {
 	wakeups                        atomic.Uint64
 }
 
-var _ Link = (*AFPacketLink)(nil)
+var (
+	_ Link  = (*AFPacketLink)(nil)
+	_ Waker = (*AFPacketLink)(nil)
+)
 
 // OpenAFPacket opens an AF_PACKET link on cfg.Interface. It needs
 // CAP_NET_RAW in the interface's network namespace (the socket belongs to
@@ -165,12 +169,17 @@ func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
 		return fail("socket", err)
 	}
 	efd := -1
+	var wk waker
+	wk.fd = -1
 	ok := false
 	defer func() {
 		if !ok {
 			unix.Close(fd)
 			if efd >= 0 {
 				unix.Close(efd)
+			}
+			if wk.fd >= 0 {
+				unix.Close(wk.fd)
 			}
 		}
 	}()
@@ -214,6 +223,10 @@ func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
 		efd = -1
 		return fail("eventfd", err)
 	}
+	if err := wk.open(); err != nil {
+		wk.fd = -1
+		return fail("eventfd", err)
+	}
 
 	mode := []string{"qdisc"}
 	if bypass {
@@ -251,9 +264,11 @@ func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
 		l.txMsgs[i].Hdr.Iov = &l.txIov[i]
 		l.txMsgs[i].Hdr.SetIovlen(1)
 	}
-	l.rxPoll = [2]unix.PollFd{
+	l.wk.fd = wk.fd
+	l.rxPoll = [3]unix.PollFd{
 		{Fd: int32(fd), Events: unix.POLLIN},
 		{Fd: int32(efd), Events: unix.POLLIN},
+		{Fd: int32(wk.fd), Events: unix.POLLIN},
 	}
 	l.txPoll = [2]unix.PollFd{
 		{Fd: int32(fd), Events: unix.POLLOUT},
@@ -501,7 +516,7 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		default:
 			return 0, l.opErr("recv", e)
 		}
-		if timeout == 0 {
+		if timeout == 0 || l.wk.take() {
 			return 0, nil
 		}
 		if l.closed.Load() {
@@ -522,7 +537,7 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		if l.spin {
 			continue
 		}
-		l.rxPoll[0].Revents, l.rxPoll[1].Revents = 0, 0
+		l.rxPoll[0].Revents, l.rxPoll[1].Revents, l.rxPoll[2].Revents = 0, 0, 0
 		l.wakeups.Add(1)
 		if _, pe := pollFds(l.rxPoll[:], ts); pe != 0 && pe != unix.EINTR {
 			return 0, l.opErr("poll", pe)
@@ -530,6 +545,18 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		if l.rxPoll[1].Revents != 0 || l.closed.Load() {
 			return 0, l.opErr("recv", net.ErrClosed)
 		}
+		if l.rxPoll[2].Revents != 0 {
+			l.wk.drain()
+		}
+	}
+}
+
+// Wake implements Waker.
+func (l *AFPacketLink) Wake() {
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
+	if l.fd >= 0 {
+		l.wk.wake()
 	}
 }
 
@@ -597,7 +624,10 @@ func (l *AFPacketLink) Close() error {
 	if e := unix.Close(l.efd); err == nil {
 		err = e
 	}
-	l.fd, l.efd = -1, -1
+	if e := unix.Close(l.wk.fd); err == nil {
+		err = e
+	}
+	l.fd, l.efd, l.wk.fd = -1, -1, -1
 	l.statsMu.Unlock()
 	l.txMu.Unlock()
 	l.rxMu.Unlock()

@@ -93,6 +93,7 @@ type AFXDPLink struct {
 
 	fd   int    // the AF_XDP socket
 	efd  int    // eventfd written by Close to wake blocked callers
+	wk   waker  // Wake's eventfd and flag
 	umem []byte // the UMEM mapping
 
 	closed atomic.Bool
@@ -106,7 +107,7 @@ type AFXDPLink struct {
 	// +checklocks:rxMu
 	fill addrRing
 	// +checklocks:rxMu
-	rxPoll [2]unix.PollFd
+	rxPoll [3]unix.PollFd // socket, close eventfd, wake eventfd
 	// +checklocks:rxMu
 	rxTimeout unix.Timespec
 
@@ -129,7 +130,10 @@ type AFXDPLink struct {
 	final unix.XDPStatistics
 }
 
-var _ Link = (*AFXDPLink)(nil)
+var (
+	_ Link  = (*AFXDPLink)(nil)
+	_ Waker = (*AFXDPLink)(nil)
+)
 
 // bindBusyWait bounds how long bind retries while the queue is still held
 // by a socket closed moments ago.
@@ -280,7 +284,15 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 		return nil, fail("create eventfd", err)
 	}
 	undo = append(undo, func() { unix.Close(l.efd) })
-	l.rxPoll = [2]unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLIN}, {Fd: int32(l.efd), Events: unix.POLLIN}}
+	if err := l.wk.open(); err != nil {
+		return nil, fail("create eventfd", err)
+	}
+	undo = append(undo, func() { unix.Close(l.wk.fd) })
+	l.rxPoll = [3]unix.PollFd{
+		{Fd: int32(l.fd), Events: unix.POLLIN},
+		{Fd: int32(l.efd), Events: unix.POLLIN},
+		{Fd: int32(l.wk.fd), Events: unix.POLLIN},
+	}
 	l.txPoll = [2]unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLOUT}, {Fd: int32(l.efd), Events: unix.POLLIN}}
 
 	l.steerKey, l.steer, err = acquireSteering(l.ifname, l.ifindex, bpf.LoadOptions{EtherType: cfg.EtherType}, cfg.Attach)
@@ -389,7 +401,7 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 		if l.fill.needWakeup() {
 			l.kick(unix.SYS_RECVFROM)
 		}
-		if timeout == 0 {
+		if timeout == 0 || l.wk.take() {
 			return 0, nil
 		}
 		if l.closed.Load() {
@@ -416,6 +428,18 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 		if l.rxPoll[1].Revents != 0 {
 			return 0, l.closedErr("recv")
 		}
+		if l.rxPoll[2].Revents != 0 {
+			l.wk.drain()
+		}
+	}
+}
+
+// Wake implements Waker.
+func (l *AFXDPLink) Wake() {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if !l.closed.Load() {
+		l.wk.wake()
 	}
 }
 
@@ -686,5 +710,6 @@ func (l *AFXDPLink) Close() error {
 	note("unmap UMEM", unix.Munmap(l.umem))
 	l.umem = nil
 	note("close eventfd", unix.Close(l.efd))
+	note("close wake eventfd", unix.Close(l.wk.fd))
 	return errors.Join(errs...)
 }

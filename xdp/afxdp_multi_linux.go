@@ -22,6 +22,7 @@ import (
 type AFXDPMultiLink struct {
 	links []*AFXDPLink
 	spin  bool
+	wk    waker
 
 	closed atomic.Bool
 	// closeMu is held shared by Recv while it polls the queue links' file
@@ -32,12 +33,15 @@ type AFXDPMultiLink struct {
 	// +checklocks:rxMu
 	next int // queue where the next Recv starts, for fairness
 	// +checklocks:rxMu
-	pollFds []unix.PollFd // every socket, then every eventfd
+	pollFds []unix.PollFd // every socket, then every close eventfd, then wk's
 	// +checklocks:rxMu
 	ts unix.Timespec
 }
 
-var _ Link = (*AFXDPMultiLink)(nil)
+var (
+	_ Link  = (*AFXDPMultiLink)(nil)
+	_ Waker = (*AFXDPMultiLink)(nil)
+)
 
 // OpenAFXDPQueues opens one AF_XDP socket on each of the given queues of
 // cfg.Interface (cfg.Queue is ignored) and returns them as one link.
@@ -68,6 +72,11 @@ func OpenAFXDPQueues(cfg AFXDPConfig, queues []int) (*AFXDPMultiLink, error) {
 	for _, l := range m.links {
 		m.pollFds = append(m.pollFds, unix.PollFd{Fd: int32(l.efd), Events: unix.POLLIN})
 	}
+	if err := m.wk.open(); err != nil {
+		m.Close()
+		return nil, &OpError{Op: "create eventfd", Interface: cfg.Interface, Err: err}
+	}
+	m.pollFds = append(m.pollFds, unix.PollFd{Fd: int32(m.wk.fd), Events: unix.POLLIN})
 	return m, nil
 }
 
@@ -150,7 +159,7 @@ func (m *AFXDPMultiLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration)
 			got += n
 		}
 		m.next = (m.next + 1) % len(m.links)
-		if got > 0 || timeout == 0 {
+		if got > 0 || timeout == 0 || m.wk.take() {
 			return got, nil
 		}
 		if m.closed.Load() {
@@ -174,11 +183,23 @@ func (m *AFXDPMultiLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration)
 		if _, e := pollFds(m.pollFds, tsp); e != 0 && e != unix.EINTR {
 			return 0, &OpError{Op: "recv: poll", Interface: m.links[0].ifname, Err: e}
 		}
-		for _, p := range m.pollFds[len(m.links):] {
+		for _, p := range m.pollFds[len(m.links) : 2*len(m.links)] {
 			if p.Revents != 0 {
 				return 0, m.links[0].closedErr("recv")
 			}
 		}
+		if m.pollFds[2*len(m.links)].Revents != 0 {
+			m.wk.drain()
+		}
+	}
+}
+
+// Wake implements Waker.
+func (m *AFXDPMultiLink) Wake() {
+	m.closeMu.RLock()
+	defer m.closeMu.RUnlock()
+	if !m.closed.Load() && m.wk.fd > 0 {
+		m.wk.wake()
 	}
 }
 
@@ -205,6 +226,9 @@ func (m *AFXDPMultiLink) Close() error {
 	var errs []error
 	for _, l := range m.links {
 		errs = append(errs, l.Close())
+	}
+	if m.wk.fd > 0 {
+		errs = append(errs, unix.Close(m.wk.fd))
 	}
 	return errors.Join(errs...)
 }

@@ -72,6 +72,15 @@ type Link interface {
 	Close() error
 }
 
+// Waker is implemented by links whose waiting Recv another goroutine can
+// end early. Wake makes a Recv that is waiting, or else the next Recv that
+// would wait, return (0, nil) at once. A progress engine blocked in Recv
+// uses it to learn that something other than a frame needs its attention.
+// Every link of this package implements it.
+type Waker interface {
+	Wake()
+}
+
 // MaxFrameLen is the longest frame (Ethernet header included) l carries.
 func MaxFrameLen(l Link) int { return l.MTU() + EthHeaderLen }
 

@@ -366,6 +366,8 @@ type MemLink struct {
 	// wake, of capacity 1, carries a token from a sender to a Recv waiting
 	// for frames (see waiting).
 	wake chan struct{}
+	// wakeReq is set by Wake: the next Recv that would wait returns at once.
+	wakeReq atomic.Bool
 
 	// sendMu serialises Send and guards rng.
 	sendMu sync.Mutex
@@ -386,7 +388,19 @@ type MemLink struct {
 	stats memStats
 }
 
-var _ Link = (*MemLink)(nil)
+var (
+	_ Link  = (*MemLink)(nil)
+	_ Waker = (*MemLink)(nil)
+)
+
+// Wake implements Waker.
+func (l *MemLink) Wake() {
+	l.wakeReq.Store(true)
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
 
 // Hub returns the segment the link is attached to.
 func (l *MemLink) Hub() *Hub { return l.hub }
@@ -568,7 +582,7 @@ func (l *MemLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, 
 			return 0, l.opErr("recv", net.ErrClosed)
 		}
 		n := l.popDueLocked(bufs, sizes, now)
-		if n > 0 || len(bufs) == 0 || timeout == 0 {
+		if n > 0 || len(bufs) == 0 || timeout == 0 || l.wakeReq.Swap(false) {
 			l.mu.Unlock()
 			return n, nil
 		}

@@ -8,6 +8,7 @@ package xdp
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -120,4 +121,35 @@ func getsockopt(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
 		return e
 	}
 	return nil
+}
+
+// waker ends a Recv's wait early (see Waker). The eventfd wakes a Recv
+// blocked in poll; pending tells a spinning or about-to-wait Recv.
+type waker struct {
+	fd      int
+	pending atomic.Bool
+}
+
+func (w *waker) open() (err error) {
+	w.fd, err = newEventFd()
+	return err
+}
+
+// wake requests a wake-up; the caller keeps fd open (holds the link's
+// close lock shared).
+func (w *waker) wake() {
+	if !w.pending.Swap(true) {
+		eventfdSignal(w.fd)
+	}
+}
+
+// drain empties the eventfd after poll reported it readable.
+func (w *waker) drain() {
+	var b [8]byte
+	unix.Read(w.fd, b[:])
+}
+
+// take reports and clears a pending wake-up.
+func (w *waker) take() bool {
+	return w.pending.Load() && w.pending.Swap(false)
 }

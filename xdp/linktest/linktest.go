@@ -52,6 +52,7 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("BothDirections", func(t *testing.T) { testBothDirections(t, mk, opts) })
 	t.Run("Truncation", func(t *testing.T) { testTruncation(t, mk, opts) })
 	t.Run("RecvTimeout", func(t *testing.T) { testRecvTimeout(t, mk) })
+	t.Run("WakeEndsWait", func(t *testing.T) { testWake(t, mk) })
 	t.Run("CloseUnblocksRecv", func(t *testing.T) { testCloseUnblocks(t, mk) })
 	t.Run("NoLeaks", func(t *testing.T) { testNoLeaks(t, mk) })
 }
@@ -323,6 +324,46 @@ func testRecvTimeout(t *testing.T, mk MakePair) {
 	n, err = p.B.Recv(b, sizes, 50*time.Millisecond)
 	if el := time.Since(start); n != 0 || err != nil || el < 45*time.Millisecond {
 		t.Fatalf("Recv(timeout 50ms) on an idle link = %d, %v after %v", n, err, el)
+	}
+}
+
+func testWake(t *testing.T, mk MakePair) {
+	p := mk(t)
+	w, ok := p.B.(xdp.Waker)
+	if !ok {
+		t.Skipf("%s does not implement xdp.Waker", p.B.Info().Kind)
+	}
+	b, sizes := bufs(4, 2048)
+	// A wake-up requested before Recv ends its wait at once.
+	w.Wake()
+	start := time.Now()
+	if n, err := p.B.Recv(b, sizes, 5*time.Second); n != 0 || err != nil || time.Since(start) > time.Second {
+		t.Fatalf("Recv after Wake = %d, %v after %v; want 0, nil at once", n, err, time.Since(start))
+	}
+	// A wake-up ends a Recv that is already waiting.
+	type result struct {
+		n   int
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		n, err := p.B.Recv(b, sizes, -1)
+		res <- result{n, err}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	w.Wake()
+	select {
+	case r := <-res:
+		if r.n != 0 || r.err != nil {
+			t.Fatalf("woken Recv = %d, %v; want 0, nil", r.n, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Recv still waiting 5 s after Wake")
+	}
+	// The wake-up is used up: the next Recv waits for its timeout again.
+	start = time.Now()
+	if n, err := p.B.Recv(b, sizes, 50*time.Millisecond); n != 0 || err != nil || time.Since(start) < 40*time.Millisecond {
+		t.Fatalf("Recv after a used wake-up = %d, %v after %v; want a 50 ms wait", n, err, time.Since(start))
 	}
 }
 
