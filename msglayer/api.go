@@ -1,0 +1,568 @@
+package msglayer
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Connect connects to the endpoint at a, presenting key, and waits for the
+// answer: after it, Isend to a works. A wrong key fails with ErrBadKey, a
+// missing endpoint with ErrBadEndpoint, silence with ErrTimeout.
+func (e *Endpoint) Connect(ctx context.Context, a Addr, key uint32) error {
+	r, err := e.IConnect(a, key, nil)
+	if err != nil {
+		return err
+	}
+	st, err := e.Wait(ctx, r)
+	if err != nil {
+		if st.Code == Success { // the context ended first
+			e.Cancel(r)
+			e.Forget(r)
+		}
+		return fmt.Errorf("msglayer: connect %v to %v: %w", e.addr, a, err)
+	}
+	return nil
+}
+
+// IConnect starts connecting to a and returns the request to wait on.
+func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
+	g := e.eng
+	g.mu.Lock()
+	if e.closed {
+		g.mu.Unlock()
+		return Request{}, ErrClosed
+	}
+	now := g.clock.Now()
+	r := e.newRequest(kindConnect, ctx)
+	r.status.Source = a
+	r.connAddr, r.connKey = a, key
+	if a.MAC == g.mac {
+		// Same NIC, same process: no frame needed.
+		e.connectLocal(r, a, key, now)
+	} else {
+		r.connID = e.newID()
+		r.connDeadline = now + int64(e.cfg.GiveUp)
+		e.connects = append(e.connects, r)
+		e.sendConnect(r, now)
+	}
+	h := Request{r, r.gen}
+	g.mu.Unlock()
+	g.flush()
+	return h, nil
+}
+
+// connectLocal connects to an endpoint of this engine.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
+	t := e.eng.eps[a.EP]
+	switch {
+	case t == nil:
+		e.complete(r, BadEndpoint)
+	case t.cfg.Key != key:
+		e.complete(r, BadKey)
+	default:
+		p := e.peerFor(a)
+		p.local, p.connected, p.dead = t, true, false
+		p.remoteSession = t.session
+		tp := t.peerFor(e.addr)
+		tp.local, tp.connected, tp.dead = e, true, false
+		tp.remoteSession = e.session
+		e.complete(r, Success)
+	}
+}
+
+// sendConnect sends (or resends) a connect request.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) sendConnect(r *request, now int64) {
+	g := e.eng
+	b := g.scratchBuf()
+	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session}
+	th := putHeader(b, r.connAddr.MAC[:], g.mac[:], g.ethType, &h)
+	putU32U32(th, r.connKey, r.connID)
+	g.queue(b[:frameLen(tConnect, 0)], nil)
+	r.connNext = now + int64(e.cfg.ConnectRetry)
+	e.arm(nil, r.connNext)
+}
+
+// connectTimers resends connects and times them out.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) connectTimers(now int64) int64 {
+	next := int64(0)
+	kept := e.connects[:0]
+	for _, r := range e.connects {
+		switch {
+		case now >= r.connDeadline:
+			e.complete(r, Timeout)
+			continue
+		case now >= r.connNext:
+			e.sendConnect(r, now)
+		}
+		if next == 0 || r.connNext < next {
+			next = r.connNext
+		}
+		kept = append(kept, r)
+	}
+	clear(e.connects[len(kept):])
+	e.connects = kept
+	return next
+}
+
+// Disconnect forgets the peer at a: pending operations with it complete
+// with Aborted, and a new Connect is needed to send to it again.
+func (e *Endpoint) Disconnect(a Addr) {
+	g := e.eng
+	g.mu.Lock()
+	if p := e.peers[a]; p != nil {
+		if p.local == nil && p.connected {
+			p.sendCtl(tDisconnect, 0, nil)
+		}
+		p.reset(Aborted)
+		delete(e.peers, a)
+		p.connected = false
+	}
+	g.mu.Unlock()
+	g.flush()
+}
+
+// Resolve finds the NIC of the host named name on the segment by a
+// broadcast query (every xmx process answers for its own host name) and
+// returns the address of endpoint ep on it.
+func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, error) {
+	if len(name) == 0 || len(name) > maxHostNameLen {
+		return Addr{}, &ArgError{Arg: "host name", Err: fmt.Errorf("%q: want 1..%d bytes", name, maxHostNameLen)}
+	}
+	g := e.eng
+	if name == g.hostname {
+		return Addr{MAC: g.mac, EP: ep}, nil
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+	}
+	g.mu.Lock()
+	g.hostReplies[name] = [6]byte{}
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		delete(g.hostReplies, name)
+		g.mu.Unlock()
+	}()
+	found := func() (Addr, bool) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		mac := g.hostReplies[name]
+		return Addr{MAC: mac, EP: ep}, mac != [6]byte{}
+	}
+	for {
+		g.mu.Lock()
+		b := g.scratchBuf()
+		h := header{typ: tHostQuery, srcEP: e.id, dstEP: 0xff, payloadLen: len(name)}
+		p := putHeader(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, g.mac[:], g.ethType, &h)
+		copy(p, name)
+		g.queue(b[:frameLen(tHostQuery, len(name))], nil)
+		g.mu.Unlock()
+		g.flush()
+		qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		g.waitFor(qctx, func() bool { _, ok := found(); return ok }, nil)
+		cancel()
+		if a, ok := found(); ok {
+			return a, nil
+		}
+		if ctx.Err() != nil {
+			return Addr{}, fmt.Errorf("msglayer: resolve host %q: %w", name, ErrTimeout)
+		}
+	}
+}
+
+// Isend sends the concatenation of segs to dst with match info match. The
+// request completes once the receiver has the message (eager) or has
+// pulled it (rendezvous); the buffers must not change before Ibuffered or
+// completion says so.
+func (e *Endpoint) Isend(dst Addr, match uint64, segs [][]byte, ctx any) (Request, error) {
+	return e.isend(dst, match, segs, ctx, false, nil)
+}
+
+// Issend is a synchronous send: it completes only once a receive matched
+// the message.
+func (e *Endpoint) Issend(dst Addr, match uint64, segs [][]byte, ctx any) (Request, error) {
+	return e.isend(dst, match, segs, ctx, true, nil)
+}
+
+func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bool, grp *Group) (Request, error) {
+	n, err := checkSegs(segs)
+	if err != nil {
+		return Request{}, err
+	}
+	g := e.eng
+	g.mu.Lock()
+	if e.closed {
+		g.mu.Unlock()
+		return Request{}, ErrClosed
+	}
+	p := e.peers[dst]
+	if p == nil || (!p.connected && !p.dead) {
+		g.mu.Unlock()
+		return Request{}, fmt.Errorf("msglayer: send to %v: %w", dst, ErrNotConnected)
+	}
+	now := g.clock.Now()
+	r := e.newRequest(kindSend, ctx)
+	r.peer, r.match, r.segs, r.length, r.sync, r.group = p, match, segs, n, sync, grp
+	r.status.Source, r.status.Match, r.status.MsgLen = dst, match, n
+	e.stats.Sends++
+	h := Request{r, r.gen}
+	switch {
+	case p.dead:
+		e.complete(r, Unreachable)
+	case p.local != nil:
+		e.sendLocal(p, r, now)
+	default:
+		r.rndv = sync || n > e.cfg.RendezvousThreshold
+		if r.rndv {
+			r.rndvID = e.newID()
+			e.rndvs[r.rndvID] = r
+			p.rndvs++
+		}
+		if p.sendHead != nil || !e.frameMessage(p, r, now) {
+			p.pushSend(r)
+		}
+	}
+	g.mu.Unlock()
+	g.flush()
+	return h, nil
+}
+
+// newID returns a fresh id for rendezvous, pulls and connects.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) newID() uint32 {
+	e.nextID++
+	if e.nextID == 0 {
+		e.nextID++
+	}
+	return e.nextID
+}
+
+// Irecv posts a receive for a message whose match info m satisfies
+// m&mask == info. info must have no bit outside mask.
+func (e *Endpoint) Irecv(info, mask uint64, segs [][]byte, ctx any) (Request, error) {
+	return e.irecv(info, mask, segs, ctx, nil)
+}
+
+func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) (Request, error) {
+	if info&^mask != 0 {
+		return Request{}, &ArgError{Arg: fmt.Sprintf("match info %#x (mask %#x)", info, mask), Err: ErrBadMatchMask}
+	}
+	n, err := checkSegs(segs)
+	if err != nil {
+		return Request{}, err
+	}
+	g := e.eng
+	g.mu.Lock()
+	if e.closed {
+		g.mu.Unlock()
+		return Request{}, ErrClosed
+	}
+	r := e.newRequest(kindRecv, ctx)
+	r.info, r.mask, r.segs, r.length, r.group = info, mask, segs, n, grp
+	e.stats.Recvs++
+	h := Request{r, r.gen}
+	if u := e.match.post(info, mask); u != nil {
+		e.takeUnexp(r, u, g.clock.Now())
+	} else {
+		e.match.pushRecv(r)
+	}
+	g.mu.Unlock()
+	g.flush()
+	return h, nil
+}
+
+// Test reports whether the request completed; if so it returns its status
+// and spends the handle.
+func (e *Endpoint) Test(h Request) (Status, bool, error) {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !h.valid() || h.r.ep != e {
+		return Status{}, false, ErrStaleRequest
+	}
+	r := h.r
+	if !r.doneFlag.Load() {
+		return Status{}, false, nil
+	}
+	return e.collect(r), true, nil
+}
+
+// collect takes a completed request out of its done queue and releases it.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) collect(r *request) Status {
+	if r.group != nil {
+		r.group.q.remove(r)
+	} else {
+		e.done.remove(r)
+	}
+	st := r.status
+	e.release(r)
+	return st
+}
+
+// Wait waits for the request to complete and returns its status; the
+// error is the status as an error (nil on success) or the context's.
+func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
+	r := h.r
+	if r == nil {
+		return Status{}, ErrStaleRequest
+	}
+	done := func() bool { return r.doneFlag.Load() || r.gen != h.gen }
+	if err := e.eng.waitFor(ctx, done, r.wake); err != nil {
+		return Status{}, err
+	}
+	st, ok, err := e.Test(h)
+	if err != nil {
+		return st, err
+	}
+	if !ok {
+		return st, ErrStaleRequest
+	}
+	return st, st.Err()
+}
+
+// TestAny completes the oldest finished request (not in a group) whose
+// match info m satisfies m&mask == info.
+func (e *Endpoint) TestAny(info, mask uint64) (Status, bool) {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r := e.done.find(info, mask); r != nil {
+		return e.collect(r), true
+	}
+	return Status{}, false
+}
+
+// WaitAny waits for a request (not in a group) whose match info fits
+// (info, mask) to complete, and completes it.
+func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, error) {
+	g := e.eng
+	for {
+		if st, ok := e.TestAny(info, mask); ok {
+			return st, st.Err()
+		}
+		g.mu.Lock()
+		e.anyWaiters++
+		g.mu.Unlock()
+		seen := g.completion.Load()
+		err := g.waitFor(ctx, func() bool {
+			if c := g.completion.Load(); c != seen {
+				seen = c
+				g.mu.Lock()
+				found := e.done.find(info, mask) != nil
+				g.mu.Unlock()
+				return found
+			}
+			return false
+		}, e.anyWake)
+		g.mu.Lock()
+		e.anyWaiters--
+		if e.anyWaiters > 0 {
+			// Several waiters share one wake-up: pass it on.
+			select {
+			case e.anyWake <- struct{}{}:
+			default:
+			}
+		}
+		g.mu.Unlock()
+		if err != nil {
+			return Status{}, err
+		}
+	}
+}
+
+// IPeek returns the oldest completed request (not in a group) without
+// completing it.
+func (e *Endpoint) IPeek() (Request, bool) {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r := e.done.head; r != nil {
+		return Request{r, r.gen}, true
+	}
+	return Request{}, false
+}
+
+// Peek waits until a request (not in a group) completes and returns it
+// without completing it.
+func (e *Endpoint) Peek(ctx context.Context) (Request, error) {
+	for {
+		if h, ok := e.IPeek(); ok {
+			return h, nil
+		}
+		g := e.eng
+		seen := g.completion.Load()
+		g.mu.Lock()
+		e.anyWaiters++
+		g.mu.Unlock()
+		err := g.waitFor(ctx, func() bool { return g.completion.Load() != seen }, e.anyWake)
+		g.mu.Lock()
+		e.anyWaiters--
+		g.mu.Unlock()
+		if err != nil {
+			return Request{}, err
+		}
+	}
+}
+
+// Iprobe reports whether an unexpected message fitting (info, mask) has
+// arrived, without receiving it. Status.Code is Success, MsgLen its length.
+func (e *Endpoint) Iprobe(info, mask uint64) (Status, bool) {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	u := e.match.probe(info, mask)
+	if u == nil {
+		return Status{}, false
+	}
+	return Status{Source: u.src.addr, Match: u.match, MsgLen: int(u.msgLen)}, true
+}
+
+// Probe waits for an unexpected message fitting (info, mask).
+func (e *Endpoint) Probe(ctx context.Context, info, mask uint64) (Status, error) {
+	g := e.eng
+	var st Status
+	var ok bool
+	seen := ^uint64(0)
+	err := g.waitFor(ctx, func() bool {
+		// Unexpected arrivals count as completions for waking purposes.
+		if c := g.completion.Load(); c != seen {
+			seen = c
+			st, ok = e.Iprobe(info, mask)
+		}
+		return ok
+	}, nil)
+	return st, err
+}
+
+// Cancel takes back an unmatched receive or a pending connect: it then
+// completes with Cancelled and Cancel returns true. A receive that already
+// matched cannot be cancelled (false); sends are refused (ErrNotCancelled).
+func (e *Endpoint) Cancel(h Request) (bool, error) {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !h.valid() {
+		return false, ErrStaleRequest
+	}
+	r := h.r
+	switch r.kind {
+	case kindSend:
+		return false, ErrNotCancelled
+	case kindRecv:
+		if !r.queued {
+			return false, nil
+		}
+		e.match.removeRecv(r)
+	case kindConnect:
+		i := -1
+		for j, c := range e.connects {
+			if c == r {
+				i = j
+			}
+		}
+		if i < 0 {
+			return false, nil
+		}
+		e.connects = append(e.connects[:i], e.connects[i+1:]...)
+	}
+	e.complete(r, Cancelled)
+	g.signal()
+	return true, nil
+}
+
+// Forget says no completion of the request will be asked for: its
+// resources are freed once it completes (at once if it has).
+func (e *Endpoint) Forget(h Request) error {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !h.valid() {
+		return ErrStaleRequest
+	}
+	r := h.r
+	if r.doneFlag.Load() {
+		e.collect(r)
+		return nil
+	}
+	r.forgotten = true
+	return nil
+}
+
+// Ibuffered reports whether a send's buffers may be reused already.
+func (e *Endpoint) Ibuffered(h Request) (bool, error) {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !h.valid() {
+		return false, ErrStaleRequest
+	}
+	return h.r.buffered || h.r.doneFlag.Load(), nil
+}
+
+// Group is a completion group: requests posted through it complete into
+// the group's own queue, which one goroutine waits on (the seeds'
+// "events spread over several queues, each owned by a thread").
+type Group struct {
+	e    *Endpoint
+	q    doneQueue // guarded by the engine lock
+	wake chan struct{}
+}
+
+// NewGroup makes a completion group on the endpoint.
+func (e *Endpoint) NewGroup() *Group { return &Group{e: e, wake: make(chan struct{}, 1)} }
+
+// Isend is Endpoint.Isend with completion into the group.
+func (gr *Group) Isend(dst Addr, match uint64, segs [][]byte, ctx any) (Request, error) {
+	return gr.e.isend(dst, match, segs, ctx, false, gr)
+}
+
+// Issend is Endpoint.Issend with completion into the group.
+func (gr *Group) Issend(dst Addr, match uint64, segs [][]byte, ctx any) (Request, error) {
+	return gr.e.isend(dst, match, segs, ctx, true, gr)
+}
+
+// Irecv is Endpoint.Irecv with completion into the group.
+func (gr *Group) Irecv(info, mask uint64, segs [][]byte, ctx any) (Request, error) {
+	return gr.e.irecv(info, mask, segs, ctx, gr)
+}
+
+// Test completes the oldest finished request of the group.
+func (gr *Group) Test() (Status, bool) {
+	g := gr.e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if r := gr.q.head; r != nil {
+		return gr.e.collect(r), true
+	}
+	return Status{}, false
+}
+
+// Wait waits for a request of the group to complete and completes it.
+func (gr *Group) Wait(ctx context.Context) (Status, error) {
+	g := gr.e.eng
+	for {
+		if st, ok := gr.Test(); ok {
+			return st, st.Err()
+		}
+		err := g.waitFor(ctx, func() bool {
+			// The queue head is read without the lock only as a hint; Test
+			// above rechecks under it.
+			return gr.q.n.Load() > 0
+		}, gr.wake)
+		if err != nil {
+			return Status{}, err
+		}
+	}
+}

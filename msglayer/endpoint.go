@@ -1,0 +1,516 @@
+package msglayer
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// Config configures an endpoint. Zero values select the defaults.
+type Config struct {
+	// Interface names the NIC. Every endpoint of this process on one
+	// interface shares its link. Ignored when Link is set.
+	Interface string
+	// LinkKind chooses the link: "auto" (AF_XDP, else AF_PACKET, saying
+	// why), "afxdp" or "afpacket".
+	LinkKind string
+	// Link, when set, is used instead of opening one (the in-memory links
+	// of tests). The endpoint does not close it unless OwnLink is set.
+	Link    xdp.Link
+	OwnLink bool
+
+	EndpointID uint8
+	Key        uint32 // connects must present it
+	// Hostname answers host queries (default: $XMX_HOSTNAME, else the
+	// system host name).
+	Hostname  string
+	EtherType uint16 // default 0x88B5
+
+	// BusyPoll makes waits spin on the link (lowest latency, one CPU
+	// busy); otherwise waits sleep in the kernel.
+	BusyPoll bool
+
+	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
+	UnexpectedBytes     int // bound on unexpected eager data held (default 8 MiB)
+	MaxUnexpectedRndv   int // bound on unexpected rendezvous records (default 65536)
+	Window              int // reliable frames in flight per peer (default 256)
+	AckDelay            time.Duration
+	AckEvery            int
+	InitialRTO          time.Duration
+	MinRTO, MaxRTO      time.Duration
+	GiveUp              time.Duration // a peer silent this long is unreachable (default 5 s)
+	KeepaliveInterval   time.Duration
+	ConnectRetry        time.Duration
+	PullBlocks          int // pull blocks in flight per rendezvous (default 4)
+
+	Clock Clock
+
+	// UnexpectedHandler, when set, is called for every message that
+	// matches no posted receive, before it is queued.
+	UnexpectedHandler func(UnexpectedMessage) HandlerAction
+}
+
+// UnexpectedMessage describes a message that matched no posted receive.
+type UnexpectedMessage struct {
+	Source Addr
+	Match  uint64
+	Length int
+	// Data is the message when it fits in one frame (valid only during the
+	// call), nil otherwise.
+	Data []byte
+}
+
+// HandlerAction is what an unexpected-message handler decided.
+type HandlerAction int
+
+const (
+	// Continue queues the message (or matches it to a receive the handler
+	// posted).
+	Continue HandlerAction = iota
+	// Finished means the handler consumed the message: it is dropped, and
+	// a rendezvous sender is told so (its send completes with XferLen 0).
+	Finished
+)
+
+func (c *Config) setDefaults() error {
+	if c.LinkKind == "" {
+		c.LinkKind = "auto"
+	}
+	if c.EtherType == 0 {
+		c.EtherType = xdp.DefaultEtherType
+	}
+	if c.Hostname == "" {
+		c.Hostname = os.Getenv("XMX_HOSTNAME")
+	}
+	if c.Hostname == "" {
+		c.Hostname, _ = os.Hostname()
+	}
+	if len(c.Hostname) > maxHostNameLen {
+		return &ArgError{Arg: "Hostname", Err: errHostNameLen}
+	}
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	defD := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.RendezvousThreshold, 32<<10)
+	def(&c.UnexpectedBytes, 8<<20)
+	def(&c.MaxUnexpectedRndv, 65536)
+	def(&c.Window, 256)
+	def(&c.AckEvery, 4)
+	def(&c.PullBlocks, 4)
+	defD(&c.AckDelay, 100*time.Microsecond)
+	defD(&c.InitialRTO, 5*time.Millisecond)
+	defD(&c.MinRTO, 2*time.Millisecond)
+	defD(&c.MaxRTO, 250*time.Millisecond)
+	defD(&c.GiveUp, 5*time.Second)
+	defD(&c.KeepaliveInterval, 250*time.Millisecond)
+	defD(&c.ConnectRetry, 50*time.Millisecond)
+	if c.Clock == nil {
+		c.Clock = NewRealClock()
+	}
+	for _, v := range []struct {
+		name string
+		v    int
+	}{{"RendezvousThreshold", c.RendezvousThreshold}, {"UnexpectedBytes", c.UnexpectedBytes},
+		{"MaxUnexpectedRndv", c.MaxUnexpectedRndv}, {"Window", c.Window}, {"AckEvery", c.AckEvery},
+		{"PullBlocks", c.PullBlocks}} {
+		if v.v < 0 {
+			return &ArgError{Arg: v.name, Err: fmt.Errorf("%d is negative", v.v)}
+		}
+	}
+	if c.Window < 2 || c.Window > 1<<15 {
+		return &ArgError{Arg: "Window", Err: fmt.Errorf("%d: want 2..32768", c.Window)}
+	}
+	if c.PullBlocks > 64 {
+		return &ArgError{Arg: "PullBlocks", Err: fmt.Errorf("%d: want 1..64", c.PullBlocks)}
+	}
+	return nil
+}
+
+// Endpoint is an MX endpoint: it sends and receives matched messages.
+// All of its state is owned by its engine and guarded by the engine lock;
+// its methods are safe for concurrent use.
+type Endpoint struct {
+	eng     *engine
+	cfg     Config
+	id      uint8
+	session uint32
+	addr    Addr
+	linkWhy string // why the link kind in use was chosen
+
+	// +checklocks:eng.mu
+	closed bool
+	// +checklocks:eng.mu
+	peers map[Addr]*peer
+	// +checklocks:eng.mu
+	active []*peer // peers with timers
+	// +checklocks:eng.mu
+	nextTimer int64
+	// +checklocks:eng.mu
+	match matcher
+	// +checklocks:eng.mu
+	done doneQueue // completed requests not in a group
+	// +checklocks:eng.mu
+	free []*request
+	// +checklocks:eng.mu
+	rndvs map[uint32]*request // our sends the receiver may pull
+	// +checklocks:eng.mu
+	pulls map[uint32]*pull // our receives pulling data
+	// +checklocks:eng.mu
+	nextID uint32
+	// +checklocks:eng.mu
+	unexpBytes int
+	// +checklocks:eng.mu
+	unexpRndv int
+	// +checklocks:eng.mu
+	connects []*request
+	// +checklocks:eng.mu
+	blockedOnSlot bool
+	// +checklocks:eng.mu
+	stats Counters
+	// anyWake is signalled at every completion outside a group.
+	anyWake chan struct{}
+	// +checklocks:eng.mu
+	anyWaiters int
+}
+
+// Counters are an endpoint's statistics.
+type Counters struct {
+	FramesIn, FramesOut     uint64
+	BytesIn, BytesOut       uint64
+	Retransmits             uint64
+	Duplicates              uint64 // reliable frames received twice
+	OutOfOrder              uint64 // frames held until the ones before them arrived
+	AcksOut, AcksIn         uint64 // explicit acks
+	Unexpected              uint64 // messages that matched no posted receive
+	UnexpectedBytes         uint64 // eager bytes held for them
+	UnexpectedBytesNow      int    // held now
+	Pulls                   uint64 // rendezvous pulls started
+	PullRequests            uint64 // pull requests sent (re-requests included)
+	PullReplies             uint64 // data frames sent for pulls
+	EagerRefused            uint64 // eager messages refused for want of memory
+	EagerConverted          uint64 // our eager sends the receiver refused, resent as rendezvous
+	BadFrames               uint64 // frames that did not decode or named nothing here
+	StaleFrames             uint64 // frames of a dead session
+	BeyondWindow            uint64 // reliable frames too far ahead
+	PeersDead               uint64
+	Sends, Recvs, Completed uint64
+}
+
+// Open opens an endpoint.
+func Open(cfg Config) (*Endpoint, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	g, why, err := acquireEngine(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	e := &Endpoint{
+		eng:     g,
+		cfg:     cfg,
+		id:      cfg.EndpointID,
+		linkWhy: why,
+		peers:   map[Addr]*peer{},
+		rndvs:   map[uint32]*request{},
+		pulls:   map[uint32]*pull{},
+		anyWake: make(chan struct{}, 1),
+	}
+	var b [8]byte
+	rand.Read(b[:])
+	e.session = binary.BigEndian.Uint32(b[:]) | 1 // never 0 (0 means "unknown")
+	e.nextID = binary.BigEndian.Uint32(b[4:])
+	e.addr = Addr{MAC: g.mac, EP: e.id}
+	g.mu.Lock()
+	if g.eps[e.id] != nil {
+		g.mu.Unlock()
+		releaseEngine(g)
+		return nil, &ArgError{Arg: "EndpointID", Err: fmt.Errorf("endpoint %d already open on %s", e.id, g.ifname)}
+	}
+	g.eps[e.id] = e
+	g.mu.Unlock()
+	return e, nil
+}
+
+// acquireEngine returns the engine of cfg's link, opening it if needed.
+// Endpoints on the same interface, or on the same given link, share one.
+func acquireEngine(cfg *Config) (*engine, string, error) {
+	key := cfg.Interface
+	if cfg.Link != nil {
+		key = fmt.Sprintf("link@%p", cfg.Link)
+	} else if cfg.Interface == "" {
+		return nil, "", &ArgError{Arg: "Interface", Err: errors.New("no interface and no link given")}
+	}
+	enginesMu.Lock()
+	defer enginesMu.Unlock()
+	if g := engines[key]; g != nil {
+		g.refs++
+		return g, "shared with this process's other endpoints", nil
+	}
+	link, why := cfg.Link, "link given"
+	if link == nil {
+		var err error
+		if link, why, err = openLink(cfg); err != nil {
+			return nil, "", err
+		}
+	} else if !cfg.OwnLink {
+		link = noClose{link}
+	}
+	g := newEngine(link, cfg.BusyPoll, cfg.Clock, cfg.EtherType, cfg.Hostname)
+	g.key = key
+	g.refs = 1
+	engines[key] = g
+	return g, why, nil
+}
+
+// openLink opens the link cfg asks for.
+func openLink(cfg *Config) (xdp.Link, string, error) {
+	openXDP := func() (xdp.Link, error) {
+		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: cfg.Interface, EtherType: cfg.EtherType})
+	}
+	openPacket := func() (xdp.Link, error) {
+		return xdp.OpenAFPacket(xdp.AFPacketConfig{Interface: cfg.Interface, EtherType: cfg.EtherType})
+	}
+	switch cfg.LinkKind {
+	case "afxdp":
+		l, err := openXDP()
+		return l, "AF_XDP requested", err
+	case "afpacket":
+		l, err := openPacket()
+		return l, "AF_PACKET requested", err
+	case "auto":
+		l, err := openXDP()
+		if err == nil {
+			return l, "AF_XDP", nil
+		}
+		l2, err2 := openPacket()
+		if err2 != nil {
+			return nil, "", fmt.Errorf("msglayer: open %s: AF_XDP: %v; AF_PACKET: %w", cfg.Interface, err, err2)
+		}
+		return l2, "AF_PACKET, because AF_XDP failed: " + err.Error(), nil
+	}
+	return nil, "", &ArgError{Arg: "LinkKind", Err: fmt.Errorf("%q: want auto, afxdp or afpacket", cfg.LinkKind)}
+}
+
+// releaseEngine drops an endpoint's reference; the last closes the link.
+func releaseEngine(g *engine) error {
+	enginesMu.Lock()
+	g.refs--
+	last := g.refs == 0
+	if last && engines[g.key] == g {
+		delete(engines, g.key)
+	}
+	enginesMu.Unlock()
+	if last {
+		return g.stop()
+	}
+	return nil
+}
+
+// noClose keeps an endpoint from closing a link it was given.
+type noClose struct{ xdp.Link }
+
+func (noClose) Close() error { return nil }
+
+func (n noClose) Wake() {
+	if w, ok := n.Link.(xdp.Waker); ok {
+		w.Wake()
+	}
+}
+
+// Addr is the endpoint's own address.
+func (e *Endpoint) Addr() Addr { return e.addr }
+
+// LinkInfo describes the link under the endpoint and why it was chosen.
+func (e *Endpoint) LinkInfo() (xdp.Info, string) { return e.eng.link.Info(), e.linkWhy }
+
+// LinkStats returns the counters of the link under the endpoint.
+func (e *Endpoint) LinkStats() xdp.Stats { return e.eng.link.Stats() }
+
+// Counters returns a snapshot of the endpoint's counters.
+func (e *Endpoint) Counters() Counters {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	c := e.stats
+	c.UnexpectedBytesNow = e.unexpBytes
+	c.BadFrames += e.eng.badFrames
+	return c
+}
+
+// Close closes the endpoint: every pending request completes with Closed.
+func (e *Endpoint) Close() error {
+	g := e.eng
+	g.mu.Lock()
+	if e.closed {
+		g.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	for _, p := range e.peers {
+		p.failAll(Closed)
+	}
+	for r := e.match.recvHead; r != nil; r = e.match.recvHead {
+		e.match.removeRecv(r)
+		e.complete(r, Closed)
+	}
+	for _, r := range e.connects {
+		e.complete(r, Closed)
+	}
+	e.connects = nil
+	g.eps[e.id] = nil
+	g.mu.Unlock()
+	g.signal()
+	return releaseEngine(g)
+}
+
+// newRequest takes a request from the free list.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) newRequest(kind reqKind, ctx any) *request {
+	var r *request
+	if n := len(e.free); n > 0 {
+		r = e.free[n-1]
+		e.free = e.free[:n-1]
+	} else {
+		r = &request{ep: e, wake: make(chan struct{}, 1)}
+	}
+	r.kind = kind
+	r.status = Status{Context: ctx}
+	return r
+}
+
+// release returns a completed request to the free list and spends its
+// handles.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) release(r *request) {
+	gen, wake := r.gen+1, r.wake
+	select {
+	case <-wake:
+	default:
+	}
+	*r = request{ep: e, gen: gen, wake: wake}
+	e.free = append(e.free, r)
+}
+
+// complete finishes a request with code (unless it is done already).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) complete(r *request, code Code) {
+	if r.doneFlag.Load() {
+		return
+	}
+	if r.status.Code == Success {
+		r.status.Code = code
+	}
+	if code == Success && r.kind == kindRecv && r.status.XferLen < r.status.MsgLen {
+		r.status.Code = Truncated
+	}
+	e.stats.Completed++
+	r.doneFlag.Store(true)
+	e.eng.completion.Add(1)
+	if r.forgotten {
+		e.release(r)
+		return
+	}
+	if g := r.group; g != nil {
+		g.q.push(r)
+		select {
+		case g.wake <- struct{}{}:
+		default:
+		}
+	} else {
+		e.done.push(r)
+		if e.anyWaiters > 0 {
+			select {
+			case e.anyWake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// arm makes sure the endpoint's timers run at t or earlier for p.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) arm(p *peer, t int64) {
+	if p != nil && !p.active {
+		p.active = true
+		e.active = append(e.active, p)
+	}
+	if e.nextTimer == 0 || t < e.nextTimer {
+		e.nextTimer = t
+	}
+}
+
+// runTimers runs the timers of every active peer, of pulls and connects.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) runTimers(now int64) {
+	next := int64(0)
+	at := func(t int64) {
+		if t != 0 && (next == 0 || t < next) {
+			next = t
+		}
+	}
+	kept := e.active[:0]
+	for _, p := range e.active {
+		t := p.runTimers(now)
+		if t != 0 {
+			kept = append(kept, p)
+			at(t)
+		} else {
+			p.active = false
+		}
+	}
+	clear(e.active[len(kept):])
+	e.active = kept
+	for id, pl := range e.pulls {
+		at(e.pullTimers(id, pl, now))
+	}
+	at(e.connectTimers(now))
+	e.nextTimer = next
+}
+
+// peerFor returns the peer record of a, creating it.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) peerFor(a Addr) *peer {
+	p := e.peers[a]
+	if p == nil {
+		p = newPeer(e, a)
+		e.peers[a] = p
+	}
+	return p
+}
+
+// checkSegs validates a segment list and returns its total length.
+func checkSegs(segs [][]byte) (int, error) {
+	if len(segs) > 256 {
+		return 0, &ArgError{Arg: "segments", Err: ErrTooManySegs}
+	}
+	n := segsLen(segs)
+	if n > 1<<32-1 {
+		return 0, &ArgError{Arg: "segments", Err: ErrTooLong}
+	}
+	return n, nil
+}
+
+// Context helpers: a context that never ends, without allocation.
+var background = context.Background()

@@ -1,0 +1,462 @@
+package msglayer
+
+import (
+	"context"
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// The engine drives one link for every endpoint of this process on it.
+//
+// Pipeline: a driver (a goroutine waiting on a request, or the background
+// goroutine when nobody waits) receives a batch of frames from the link,
+// decodes each, and hands it to its endpoint under the engine lock; the
+// handlers match messages, copy data, complete requests and queue answer
+// frames (acks, pull replies, notifies) on the endpoint's transmit queue;
+// the driver then runs the timers that are due (retransmissions, delayed
+// acks, pull re-requests, keepalives) and flushes the transmit queues.
+// API calls (Isend, Irecv...) take the same lock, queue frames and flush
+// them themselves. At most one driver at a time holds the drive token.
+//
+// LOCK ORDERING: engine.txMu > engine.mu; engines are locked in order of
+// their index (same-process sends between engines).
+type engine struct {
+	index    uint64 // creation order, for lock ordering
+	key      string // in engines: the interface name or the given link
+	link     xdp.Link
+	waker    xdp.Waker // nil if the link cannot be woken
+	ifname   string
+	mac      [6]byte
+	mtu      int
+	ethType  uint16
+	busyPoll bool
+	clock    Clock
+	hostname string
+
+	// drive is the drive token: a goroutine that sends into it drives
+	// the link until it receives back.
+	drive chan struct{}
+	// Drivers: API waiters want the token (wantDrive); the background
+	// goroutine drives when none has for a while (lastAPI).
+	wantDrive  atomic.Int32
+	bgDriving  atomic.Bool
+	inKernel   atomic.Bool // the driver is (or is about to be) blocked in Recv
+	lastAPI    atomic.Int64
+	bgStop     chan struct{}
+	bgDone     chan struct{}
+	closed     atomic.Bool
+	refs       int // endpoints open; guarded by enginesMu
+	completion atomic.Uint64
+
+	// Receive buffers, owned by the driver (the drive token holder).
+	rxBufs  [][]byte
+	rxSizes []int
+
+	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
+	// +checklocks:mu
+	eps [256]*Endpoint
+	// +checklocks:mu
+	hostReplies map[string][6]byte // answers to our host queries
+	// +checklocks:mu
+	txq []txEntry // frames queued for the link, in order
+	// +checklocks:mu
+	scratch [][]byte // free frame buffers for unreliable frames
+	// +checklocks:mu
+	badFrames uint64 // frames that failed to decode or name no endpoint
+
+	txMu sync.Mutex // serialises flushes so frames leave in queue order
+	// +checklocks:txMu
+	txSending []txEntry
+	// +checklocks:txMu
+	txFrames [][]byte
+}
+
+// txEntry is a queued frame: a window slot's buffer or a scratch buffer.
+type txEntry struct {
+	buf  []byte
+	slot *txSlot // nil for scratch frames
+}
+
+var (
+	enginesMu   sync.Mutex
+	engines     = map[string]*engine{} // by key; guarded by enginesMu
+	engineIndex atomic.Uint64
+)
+
+func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostname string) *engine {
+	g := &engine{
+		index:       engineIndex.Add(1),
+		link:        link,
+		ifname:      link.Info().Interface,
+		mtu:         link.MTU(),
+		ethType:     ethType,
+		busyPoll:    busyPoll,
+		clock:       clock,
+		hostname:    hostname,
+		drive:       make(chan struct{}, 1),
+		bgStop:      make(chan struct{}),
+		bgDone:      make(chan struct{}),
+		hostReplies: map[string][6]byte{},
+	}
+	g.waker, _ = link.(xdp.Waker)
+	copy(g.mac[:], link.HardwareAddr())
+	const batch = 64
+	g.rxBufs = make([][]byte, batch)
+	g.rxSizes = make([]int, batch)
+	for i := range g.rxBufs {
+		g.rxBufs[i] = make([]byte, xdp.MaxFrameLen(link))
+	}
+	g.txSending = make([]txEntry, 0, 256)
+	g.txFrames = make([][]byte, 0, 256)
+	go g.background()
+	return g
+}
+
+// maxFrame is the longest frame the engine builds.
+func (g *engine) maxFrame() int { return g.mtu + xdp.EthHeaderLen }
+
+// scratchBuf returns a frame buffer for an unreliable frame.
+//
+// +checklocks:g.mu
+func (g *engine) scratchBuf() []byte {
+	if n := len(g.scratch); n > 0 {
+		b := g.scratch[n-1]
+		g.scratch = g.scratch[:n-1]
+		return b
+	}
+	return make([]byte, g.maxFrame())
+}
+
+// queue appends a frame to the transmit queue.
+//
+// +checklocks:g.mu
+func (g *engine) queue(buf []byte, slot *txSlot) {
+	if slot != nil {
+		slot.pending++
+	}
+	g.txq = append(g.txq, txEntry{buf: buf, slot: slot})
+}
+
+// flush sends the queued frames. Frames leave in the order they were
+// queued; a window slot's buffer is not reused while it is being sent.
+func (g *engine) flush() {
+	g.txMu.Lock()
+	defer g.txMu.Unlock()
+	for {
+		g.mu.Lock()
+		if len(g.txq) == 0 {
+			g.mu.Unlock()
+			return
+		}
+		g.txSending = append(g.txSending[:0], g.txq...)
+		clear(g.txq)
+		g.txq = g.txq[:0]
+		g.mu.Unlock()
+
+		g.txFrames = g.txFrames[:0]
+		for _, e := range g.txSending {
+			g.txFrames = append(g.txFrames, e.buf)
+		}
+		// A failed send is like a lost frame: reliable frames are
+		// retransmitted, the others re-requested by their timers.
+		g.link.Send(g.txFrames)
+		clear(g.txFrames)
+
+		g.mu.Lock()
+		repump := false
+		for _, e := range g.txSending {
+			if e.slot != nil {
+				e.slot.pending--
+				repump = repump || e.slot.pending == 0
+			} else {
+				g.scratch = append(g.scratch, e.buf[:cap(e.buf)])
+			}
+		}
+		clear(g.txSending)
+		if repump {
+			// Messages may have waited for a slot still being sent.
+			now := g.clock.Now()
+			for _, e := range g.eps {
+				if e != nil && e.blockedOnSlot {
+					e.blockedOnSlot = false
+					e.pumpAll(now)
+				}
+			}
+		}
+		g.mu.Unlock()
+	}
+}
+
+// driveOnce receives one batch of frames (waiting up to timeout), handles
+// them and runs the due timers. The caller holds the drive token.
+func (g *engine) driveOnce(timeout time.Duration) error {
+	if timeout != 0 {
+		g.inKernel.Store(true)
+	}
+	n, err := g.link.Recv(g.rxBufs, g.rxSizes, timeout)
+	g.inKernel.Store(false)
+	now := g.clock.Now()
+	g.mu.Lock()
+	for i := 0; i < n; i++ {
+		g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
+	}
+	g.runTimers(now)
+	pending := len(g.txq) > 0
+	g.mu.Unlock()
+	if pending {
+		g.flush()
+	}
+	return err
+}
+
+// nextTimer returns how long the driver may sleep: until the earliest
+// timer of any endpoint, at most maxSleep.
+//
+// +checklocks:g.mu
+func (g *engine) sleepFor(now int64, maxSleep time.Duration) time.Duration {
+	d := maxSleep
+	for _, e := range g.eps {
+		if e != nil && e.nextTimer != 0 {
+			if w := time.Duration(e.nextTimer - now); w < d {
+				d = w
+			}
+		}
+	}
+	return max(d, 0)
+}
+
+// runTimers runs the endpoints' timers that are due.
+//
+// +checklocks:g.mu
+func (g *engine) runTimers(now int64) {
+	for _, e := range g.eps {
+		if e != nil && e.nextTimer != 0 && now >= e.nextTimer {
+			e.runTimers(now)
+		}
+	}
+}
+
+// dispatch decodes a received frame and hands it to its endpoint.
+//
+// +checklocks:g.mu
+func (g *engine) dispatch(f []byte, now int64) {
+	if len(f) < xdp.EthHeaderLen || binary.BigEndian.Uint16(f[12:14]) != g.ethType {
+		g.badFrames++
+		return
+	}
+	h, err := decodeHeader(f)
+	if err != nil {
+		g.badFrames++
+		return
+	}
+	if h.typ == tHostQuery || h.typ == tHostReply {
+		g.onHost(f, &h)
+		return
+	}
+	e := g.eps[h.dstEP]
+	if e == nil {
+		g.badFrames++
+		if h.typ == tConnect || h.typ.reliable() {
+			g.nackNoEndpoint(f, &h)
+		}
+		return
+	}
+	e.handle(f, &h, now)
+}
+
+// nackNoEndpoint tells a sender that no endpoint has its destination id.
+//
+// +checklocks:g.mu
+func (g *engine) nackNoEndpoint(f []byte, h *header) {
+	b := g.scratchBuf()
+	out := header{typ: tNack, dstEP: h.srcEP, srcEP: h.dstEP, dstSession: h.srcSession}
+	if h.typ == tConnect {
+		// Answer the connect itself so that it fails at once.
+		out.typ = tConnectReply
+		th := putHeader(b, f[6:12], g.mac[:], g.ethType, &out)
+		th0, _ := typeHdr(f, h)
+		connID := binary.BigEndian.Uint32(th0[4:])
+		putU32U8(th, connID, uint8(BadEndpoint))
+		g.queue(b[:frameLen(tConnectReply, 0)], nil)
+		return
+	}
+	th := putHeader(b, f[6:12], g.mac[:], g.ethType, &out)
+	putU32U8(th, h.seq, nackBadEndpoint)
+	g.queue(b[:frameLen(tNack, 0)], nil)
+}
+
+// onHost answers host queries naming this host and records answers.
+//
+// +checklocks:g.mu
+func (g *engine) onHost(f []byte, h *header) {
+	_, name := typeHdr(f, h)
+	switch h.typ {
+	case tHostQuery:
+		if g.hostname == "" || string(name) != g.hostname {
+			return
+		}
+		b := g.scratchBuf()
+		out := header{typ: tHostReply, dstEP: h.srcEP, payloadLen: len(name)}
+		p := putHeader(b, f[6:12], g.mac[:], g.ethType, &out)
+		copy(p, name)
+		g.queue(b[:frameLen(tHostReply, len(name))], nil)
+	case tHostReply:
+		if _, asked := g.hostReplies[string(name)]; asked {
+			var mac [6]byte
+			copy(mac[:], f[6:12])
+			g.hostReplies[string(name)] = mac
+			g.completion.Add(1)
+		}
+	}
+}
+
+// signal wakes the driver if it sleeps in the kernel: something other
+// than a frame needs attention (a request completed outside the driver, a
+// timer armed earlier than the driver's sleep).
+func (g *engine) signal() {
+	if g.inKernel.Load() && g.waker != nil {
+		g.waker.Wake()
+	}
+}
+
+// waitFor waits until done() reports true, driving the link while no one
+// else does. done is called without the engine lock; wake is signalled by
+// whoever makes done true. A zero deadline waits without bound.
+func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan struct{}) error {
+	if done() {
+		return nil
+	}
+	g.wantDrive.Add(1)
+	defer g.wantDrive.Add(-1)
+	for {
+		g.lastAPI.Store(g.clock.Now())
+		if g.bgDriving.Load() {
+			g.signal()
+		}
+		select {
+		case g.drive <- struct{}{}:
+			err := g.driveUntil(ctx, done)
+			<-g.drive
+			return err
+		case <-wake:
+			if done() {
+				return nil
+			}
+		case <-ctx.Done():
+			if done() {
+				return nil
+			}
+			return ctx.Err()
+		}
+		if g.closed.Load() {
+			return ErrClosed
+		}
+	}
+}
+
+// driveUntil drives the link until done() or the context ends. The
+// caller holds the drive token.
+func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
+	deadline, hasDeadline := ctx.Deadline()
+	for spins := 0; ; spins++ {
+		if done() {
+			return nil
+		}
+		if g.closed.Load() {
+			return ErrClosed
+		}
+		if spins&63 == 63 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		var timeout time.Duration
+		if !g.busyPoll {
+			g.mu.Lock()
+			timeout = g.sleepFor(g.clock.Now(), 100*time.Millisecond)
+			g.mu.Unlock()
+			if hasDeadline {
+				timeout = min(timeout, time.Until(deadline))
+			}
+			if ctx.Done() != nil && !hasDeadline {
+				// Cancellation without a deadline: look at it now and then.
+				timeout = min(timeout, 10*time.Millisecond)
+			}
+			if timeout <= 0 {
+				timeout = 0
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+		}
+		if err := g.driveOnce(timeout); err != nil {
+			if g.closed.Load() {
+				return ErrClosed
+			}
+			return err
+		}
+	}
+}
+
+// lingerAPI is how long the background goroutine stays away after an API
+// call drove the link, so that a loop of waits never hands the token back
+// and forth.
+const lingerAPI = 2 * time.Millisecond
+
+// background drives the link while no API call does, so that acks,
+// retransmissions and pulls make progress when the application is busy
+// elsewhere. It sleeps in the kernel (need-wakeup) when there is nothing
+// to do.
+func (g *engine) background() {
+	defer close(g.bgDone)
+	for {
+		select {
+		case <-g.bgStop:
+			return
+		default:
+		}
+		if g.wantDrive.Load() > 0 || time.Duration(g.clock.Now()-g.lastAPI.Load()) < lingerAPI {
+			select {
+			case <-g.bgStop:
+				return
+			case <-time.After(lingerAPI):
+			}
+			continue
+		}
+		select {
+		case g.drive <- struct{}{}:
+		case <-g.bgStop:
+			return
+		case <-time.After(lingerAPI):
+			continue
+		}
+		g.bgDriving.Store(true)
+		for g.wantDrive.Load() == 0 && !g.closed.Load() {
+			g.mu.Lock()
+			timeout := g.sleepFor(g.clock.Now(), 250*time.Millisecond)
+			g.mu.Unlock()
+			if g.driveOnce(timeout) != nil && g.closed.Load() {
+				break
+			}
+		}
+		g.bgDriving.Store(false)
+		<-g.drive
+	}
+}
+
+// stop ends the background goroutine and closes the link; the caller has
+// made sure no endpoint remains.
+func (g *engine) stop() error {
+	g.closed.Store(true)
+	close(g.bgStop)
+	g.signal()
+	if g.waker != nil {
+		g.waker.Wake()
+	}
+	<-g.bgDone
+	return g.link.Close()
+}

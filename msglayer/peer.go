@@ -1,0 +1,461 @@
+package msglayer
+
+import (
+	"time"
+)
+
+// peer is an endpoint's state for one remote endpoint: the reliable
+// channel in both directions. Owned by the endpoint, guarded by the engine
+// lock.
+type peer struct {
+	ep            *Endpoint
+	addr          Addr
+	remoteSession uint32
+	connected     bool      // a connect succeeded (or the peer connected to us)
+	dead          bool      // retransmissions gave up: sends fail until a new connect
+	local         *Endpoint // same-process endpoint: messages skip the NIC
+	active        bool      // in ep.active: has timers to run
+
+	// Send side: frames nextSeq-acked in flight, in the window.
+	nextSeq   uint32
+	acked     uint32 // every frame below was acknowledged
+	win       []txSlot
+	sendHead  *request // messages waiting for window space, in order
+	sendTail  *request
+	srtt      int64 // smoothed round trip (ns); 0 before the first sample
+	rttvar    int64
+	rto       int64
+	lastHeard int64 // last frame from the peer
+	retx      uint64
+
+	// Receive side.
+	expected   uint32 // next in-order sequence number
+	ooo        []rxSlot
+	oooCount   int
+	ackPending int   // in-order frames not yet acknowledged
+	ackDue     int64 // when a delayed ack must go (0: none)
+	refused    bool  // an eager message at refusedSeq was refused: wait for its rendezvous version
+	refusedSeq uint32
+	in         inMsg // the eager message being reassembled
+	pulls      int   // active pulls from this peer
+	rndvs      int   // our rendezvous sends to this peer awaiting notify
+	kaSent     int64 // last keepalive
+}
+
+// txSlot holds one reliable frame until it is acknowledged.
+type txSlot struct {
+	buf       []byte
+	n         int
+	seq       uint32
+	used      bool
+	pending   int   // queued for or being handed to the link
+	sentAt    int64 // last transmission
+	firstSent int64
+	retries   int
+	sacked    bool
+	req       *request // the message the frame belongs to
+	first     bool     // first frame of req
+	last      bool     // last frame of req
+}
+
+// rxSlot holds a reliable frame received ahead of order.
+type rxSlot struct {
+	buf  []byte
+	n    int
+	full bool
+}
+
+// inMsg is the eager message whose fragments are arriving.
+type inMsg struct {
+	active   bool
+	recv     *request // matched receive, or
+	u        *unexp   // unexpected message being filled
+	match    uint64
+	msgLen   uint32
+	received uint32
+}
+
+func newPeer(e *Endpoint, a Addr) *peer {
+	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO)}
+	p.win = make([]txSlot, e.cfg.Window)
+	p.ooo = make([]rxSlot, e.cfg.Window)
+	return p
+}
+
+// reset forgets the sequence state: the peer restarted or a new session
+// began. Pending operations with the peer complete with code.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) reset(code Code) {
+	e := p.ep
+	p.failAll(code)
+	for i := range p.win {
+		s := &p.win[i]
+		s.used, s.req, s.sacked, s.retries = false, nil, false, 0
+	}
+	for i := range p.ooo {
+		p.ooo[i].full = false
+	}
+	p.nextSeq, p.acked, p.expected = 0, 0, 0
+	p.oooCount, p.ackPending, p.ackDue = 0, 0, 0
+	p.refused = false
+	p.in = inMsg{}
+	p.srtt, p.rttvar, p.rto = 0, 0, int64(e.cfg.InitialRTO)
+	p.dead = false
+}
+
+// failAll completes every pending operation with this peer with code.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) failAll(code Code) {
+	e := p.ep
+	// Messages in the window and waiting for it.
+	for i := range p.win {
+		s := &p.win[i]
+		if s.used && s.req != nil && !s.req.doneFlag.Load() {
+			e.complete(s.req, code)
+		}
+		s.req = nil
+	}
+	for r := p.sendHead; r != nil; {
+		next := r.snext
+		p.removeSend(r)
+		e.complete(r, code)
+		r = next
+	}
+	// Rendezvous sends to the peer and pulls from it.
+	for id, r := range e.rndvs {
+		if r.peer == p {
+			delete(e.rndvs, id)
+			p.rndvs--
+			e.complete(r, code)
+		}
+	}
+	for id, pl := range e.pulls {
+		if pl.peer == p {
+			e.endPull(id, pl, code)
+		}
+	}
+	if p.in.active && p.in.recv != nil {
+		e.complete(p.in.recv, code)
+	}
+	p.in = inMsg{}
+}
+
+// pushSend queues a message for framing.
+func (p *peer) pushSend(r *request) {
+	r.sprev, r.snext = p.sendTail, nil
+	if p.sendTail != nil {
+		p.sendTail.snext = r
+	} else {
+		p.sendHead = r
+	}
+	p.sendTail = r
+	r.inSendQ = true
+}
+
+func (p *peer) removeSend(r *request) {
+	if !r.inSendQ {
+		return
+	}
+	if r.sprev != nil {
+		r.sprev.snext = r.snext
+	} else {
+		p.sendHead = r.snext
+	}
+	if r.snext != nil {
+		r.snext.sprev = r.sprev
+	} else {
+		p.sendTail = r.sprev
+	}
+	r.sprev, r.snext, r.inSendQ = nil, nil, false
+}
+
+// inFlight is the number of reliable frames sent and not acknowledged.
+func (p *peer) inFlight() uint32 { return p.nextSeq - p.acked }
+
+// slotFor returns the window slot of the next sequence number, or nil if
+// the window is full or the slot's previous frame is still being sent.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) nextSlot() *txSlot {
+	if p.inFlight() >= uint32(len(p.win)) {
+		return nil
+	}
+	s := &p.win[p.nextSeq%uint32(len(p.win))]
+	if s.pending > 0 {
+		p.ep.blockedOnSlot = true
+		return nil
+	}
+	if s.buf == nil {
+		s.buf = make([]byte, p.ep.eng.maxFrame())
+	}
+	return s
+}
+
+// header fills the common header fields of a frame to the peer.
+func (p *peer) header(t frameType) header {
+	return header{
+		typ:        t,
+		dstEP:      p.addr.EP,
+		srcEP:      p.ep.id,
+		dstSession: p.remoteSession,
+		srcSession: p.ep.session,
+		ack:        p.expected,
+	}
+}
+
+// sendReliable assigns the next sequence number to the frame being built
+// in s (type header and payload already written after hdrLen), writes its
+// common header, and queues it.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, last bool, now int64) {
+	e := p.ep
+	h.seq = p.nextSeq
+	putHeader(s.buf, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
+	s.n = n
+	s.seq = p.nextSeq
+	s.used = true
+	s.sentAt, s.firstSent = now, now
+	s.retries = 0
+	s.sacked = false
+	s.req, s.first, s.last = req, first, last
+	p.nextSeq++
+	p.ackSent()
+	e.eng.queue(s.buf[:n], s)
+	e.stats.FramesOut++
+	e.stats.BytesOut += uint64(n)
+	e.arm(p, now+p.rto)
+}
+
+// ackSent notes that a frame carrying the current ack is going out.
+func (p *peer) ackSent() {
+	p.ackPending = 0
+	p.ackDue = 0
+}
+
+// sendCtl queues an unreliable frame to the peer: th writes the type
+// header and payload into b (after hdrLen) and returns the payload length.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) sendCtl(t frameType, flags uint16, th func(b []byte) int) {
+	e := p.ep
+	b := e.eng.scratchBuf()
+	h := p.header(t)
+	h.flags = flags
+	n := 0
+	if th != nil {
+		n = th(b[hdrLen:])
+	}
+	h.payloadLen = n
+	putHeader(b, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
+	l := frameLen(t, n)
+	p.ackSent()
+	e.eng.queue(b[:l], nil)
+	e.stats.FramesOut++
+	e.stats.BytesOut += uint64(l)
+}
+
+// sendAck sends an explicit ack with the selective-ack bitmap of the
+// frames held out of order.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) sendAck() {
+	var sack uint64
+	if p.oooCount > 0 {
+		for i := 0; i < sackBits && i+1 < len(p.ooo); i++ {
+			if p.ooo[(p.expected+1+uint32(i))%uint32(len(p.ooo))].full {
+				sack |= 1 << i
+			}
+		}
+	}
+	p.ep.stats.AcksOut++
+	p.sendCtl(tAck, 0, func(b []byte) int {
+		putU64(b, sack)
+		return 0
+	})
+}
+
+// onAck processes a cumulative ack: frames below ack are delivered.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) onAck(ack uint32, now int64) {
+	n := ack - p.acked
+	if n == 0 || n > p.inFlight() {
+		return // old or impossible ack
+	}
+	e := p.ep
+	for seq := p.acked; seq != ack; seq++ {
+		s := &p.win[seq%uint32(len(p.win))]
+		if s.retries == 0 && !s.sacked {
+			p.rttSample(now - s.sentAt)
+		}
+		if r := s.req; r != nil {
+			r.unacked--
+			if s.last && !r.rndv && r.unacked == 0 && !r.doneFlag.Load() {
+				e.complete(r, Success)
+			}
+		}
+		s.used, s.req, s.sacked = false, nil, false
+	}
+	p.acked = ack
+	p.lastHeard = now
+	p.pump(now)
+}
+
+// rttSample updates the round-trip estimate (RFC 6298) from one sample
+// and derives the retransmission timeout.
+func (p *peer) rttSample(rtt int64) {
+	if rtt <= 0 {
+		rtt = 1
+	}
+	if p.srtt == 0 {
+		p.srtt = rtt
+		p.rttvar = rtt / 2
+	} else {
+		d := p.srtt - rtt
+		if d < 0 {
+			d = -d
+		}
+		p.rttvar = (3*p.rttvar + d) / 4
+		p.srtt = (7*p.srtt + rtt) / 8
+	}
+	cfg := &p.ep.cfg
+	p.rto = min(max(p.srtt+4*p.rttvar, int64(cfg.MinRTO)), int64(cfg.MaxRTO))
+}
+
+// onSack marks frames the receiver holds out of order and retransmits the
+// holes below them that have been out longer than a round trip.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) onSack(ack uint32, sack uint64, now int64) {
+	if sack == 0 || ack != p.acked {
+		return
+	}
+	highest := -1
+	for i := 0; i < sackBits; i++ {
+		if sack&(1<<i) == 0 {
+			continue
+		}
+		seq := ack + 1 + uint32(i)
+		if seq-p.acked >= p.inFlight() {
+			break
+		}
+		p.win[seq%uint32(len(p.win))].sacked = true
+		highest = i
+	}
+	// Frames below the highest sacked one that are not held were lost.
+	quiet := max(p.srtt, int64(100*time.Microsecond))
+	for i := -1; i < highest; i++ {
+		seq := ack + 1 + uint32(i)
+		s := &p.win[seq%uint32(len(p.win))]
+		if s.used && !s.sacked && now-s.sentAt > quiet {
+			p.retransmit(s, now)
+		}
+	}
+}
+
+// retransmit sends a window slot's frame again with the current ack.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) retransmit(s *txSlot, now int64) {
+	if s.pending > 0 {
+		return // still on its way out
+	}
+	setAck(s.buf, p.expected)
+	p.ackSent()
+	s.sentAt = now
+	s.retries++
+	p.retx++
+	p.ep.stats.Retransmits++
+	p.ep.eng.queue(s.buf[:s.n], s)
+}
+
+// pump frames queued messages while the window has room.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) pump(now int64) {
+	e := p.ep
+	for r := p.sendHead; r != nil; r = p.sendHead {
+		if !e.frameMessage(p, r, now) {
+			return
+		}
+		p.removeSend(r)
+	}
+}
+
+// runTimers retransmits, sends delayed acks and keepalives, and declares
+// the peer dead when it stopped answering. It returns when it next needs
+// to run (0: no timer).
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) runTimers(now int64) int64 {
+	e := p.ep
+	cfg := &e.cfg
+	next := int64(0)
+	at := func(t int64) {
+		if t != 0 && (next == 0 || t < next) {
+			next = t
+		}
+	}
+	if p.ackDue != 0 {
+		if now >= p.ackDue {
+			p.sendAck()
+		} else {
+			at(p.ackDue)
+		}
+	}
+	if p.inFlight() > 0 {
+		oldest := &p.win[p.acked%uint32(len(p.win))]
+		if now-oldest.firstSent > int64(cfg.GiveUp) {
+			p.die(now)
+			return 0
+		}
+		due := int64(0)
+		for seq := p.acked; seq != p.nextSeq; seq++ {
+			s := &p.win[seq%uint32(len(p.win))]
+			if s.sacked || !s.used {
+				continue
+			}
+			if t := s.sentAt + p.rtoFor(s); now >= t {
+				p.retransmit(s, now)
+				at(now + p.rtoFor(s))
+			} else if due == 0 || t < due {
+				due = t
+			}
+		}
+		at(due)
+	}
+	// Keepalive while we wait on the peer for something other than acks
+	// (a notify, pull data): a dead peer must not leave requests hanging.
+	if p.rndvs > 0 || p.pulls > 0 {
+		if now-p.lastHeard > int64(cfg.GiveUp) {
+			p.die(now)
+			return 0
+		}
+		if now-p.lastHeard > int64(cfg.KeepaliveInterval) && now-p.kaSent > int64(cfg.KeepaliveInterval) {
+			p.kaSent = now
+			p.sendCtl(tKeepalive, flagWantAck, nil)
+		}
+		at(max(p.lastHeard, p.kaSent) + int64(cfg.KeepaliveInterval))
+	}
+	return next
+}
+
+// rtoFor is the timeout of a slot after its retries (exponential backoff).
+func (p *peer) rtoFor(s *txSlot) int64 {
+	rto := p.rto << min(s.retries, 10)
+	return min(rto, int64(p.ep.cfg.MaxRTO))
+}
+
+// die declares the peer unreachable: every pending operation with it
+// completes with Unreachable, and sends fail until it is connected again.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) die(now int64) {
+	p.ep.stats.PeersDead++
+	p.reset(Unreachable)
+	p.dead = true
+	p.connected = false
+}

@@ -1,0 +1,214 @@
+package msglayer
+
+// Rendezvous pulls. A large (or synchronous, or converted) message leaves
+// only its record at the receiver; once a receive matches it, the
+// receiver pulls the data in blocks of pullBlockFrames frames, several
+// blocks in flight, re-requesting the frames of a block that did not come
+// back in time. The sender answers pull requests statelessly from the
+// send's buffers. When everything arrived, the receiver sends a reliable
+// notify and the send completes.
+
+// pull is a receive pulling a rendezvous message. Owned by the endpoint
+// (e.pulls), guarded by the engine lock.
+type pull struct {
+	id           uint32
+	r            *request
+	peer         *peer
+	rndvID       uint32
+	total        uint32 // bytes to pull: min(message, receive buffer)
+	frameBytes   uint32
+	next         uint32 // offset of the next block to request
+	got          uint32 // bytes received
+	lastProgress int64
+	blocks       []pullBlock
+}
+
+type pullBlock struct {
+	active         bool
+	offset, length uint32
+	want           uint32 // frames still missing
+	sentAt         int64
+	retries        int
+}
+
+// startPull begins pulling total bytes of rendezvous rndvID from p into r.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) startPull(r *request, p *peer, rndvID, total uint32, now int64) {
+	pl := &pull{
+		id:           e.newID(),
+		r:            r,
+		peer:         p,
+		rndvID:       rndvID,
+		total:        total,
+		frameBytes:   uint32(e.pullPayload()),
+		lastProgress: now,
+		blocks:       make([]pullBlock, e.cfg.PullBlocks),
+	}
+	r.pull = pl
+	e.pulls[pl.id] = pl
+	p.pulls++
+	e.stats.Pulls++
+	e.requestBlocks(pl, now)
+	e.arm(p, now+p.rto)
+}
+
+// requestBlocks asks for new blocks while fewer than PullBlocks are in
+// flight.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) requestBlocks(pl *pull, now int64) {
+	blockBytes := pl.frameBytes * pullBlockFrames
+	for i := range pl.blocks {
+		b := &pl.blocks[i]
+		if b.active || pl.next >= pl.total {
+			continue
+		}
+		b.active = true
+		b.offset = pl.next
+		b.length = min(blockBytes, pl.total-pl.next)
+		frames := (b.length + pl.frameBytes - 1) / pl.frameBytes
+		b.want = uint32(uint64(1)<<frames - 1)
+		b.retries = 0
+		pl.next += b.length
+		e.sendPullReq(pl, b, now)
+	}
+}
+
+// sendPullReq asks for the missing frames of a block.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
+	b.sentAt = now
+	e.stats.PullRequests++
+	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
+		mask: b.want, frameBytes: pl.frameBytes}
+	pl.peer.sendCtl(tPullReq, 0, func(th []byte) int {
+		req.put(th)
+		return 0
+	})
+}
+
+// onPullReq answers a pull request with the frames it asks for.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onPullReq(p *peer, th []byte) {
+	var req pullReqHdr
+	req.decode(th)
+	r := e.rndvs[req.rndvID]
+	if r == nil || r.peer != p {
+		e.nack(p, req.rndvID, nackBadRndv)
+		return
+	}
+	fb := req.frameBytes
+	end := uint64(req.offset) + uint64(req.length)
+	if fb == 0 || fb > uint32(e.pullPayload()) || end > uint64(r.length) {
+		e.stats.BadFrames++
+		return
+	}
+	g := e.eng
+	src := r.dataSrc()
+	for i := uint32(0); i < pullBlockFrames; i++ {
+		if req.mask&(1<<i) == 0 {
+			continue
+		}
+		off := uint64(req.offset) + uint64(i)*uint64(fb)
+		if off >= end {
+			break
+		}
+		n := int(min(uint64(fb), end-off))
+		b := g.scratchBuf()
+		h := p.header(tPullReply)
+		h.payloadLen = n
+		th := putHeader(b, p.addr.MAC[:], g.mac[:], g.ethType, &h)
+		ph := pullReplyHdr{pullID: req.pullID, offset: uint32(off)}
+		ph.put(th)
+		copyFromSegs(th[pullReplyHdrLen:pullReplyHdrLen+n], src, int(off))
+		l := frameLen(tPullReply, n)
+		g.queue(b[:l], nil)
+		e.stats.PullReplies++
+		e.stats.FramesOut++
+		e.stats.BytesOut += uint64(l)
+	}
+	p.ackSent()
+}
+
+// onPullReply stores one frame of pulled data.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
+	var ph pullReplyHdr
+	ph.decode(th)
+	pl := e.pulls[ph.pullID]
+	if pl == nil || pl.peer != p || ph.offset >= pl.total {
+		return // late or duplicate
+	}
+	for i := range pl.blocks {
+		b := &pl.blocks[i]
+		if !b.active || ph.offset < b.offset || ph.offset >= b.offset+b.length {
+			continue
+		}
+		rel := ph.offset - b.offset
+		if rel%pl.frameBytes != 0 {
+			return
+		}
+		bit := uint32(1) << (rel / pl.frameBytes)
+		if b.want&bit == 0 {
+			e.stats.Duplicates++
+			return
+		}
+		n := min(uint32(len(payload)), b.offset+b.length-ph.offset)
+		copyToSegs(pl.r.segs, int(ph.offset), payload[:n])
+		b.want &^= bit
+		pl.got += n
+		pl.lastProgress = now
+		if b.want == 0 {
+			b.active = false
+			e.requestBlocks(pl, now)
+		}
+		if pl.got >= pl.total {
+			e.sendNotify(p, pl.rndvID, pl.total, now)
+			pl.r.status.XferLen = int(pl.total)
+			e.endPull(pl.id, pl, Success)
+		}
+		return
+	}
+}
+
+// pullTimers re-requests what did not come back in time and gives up on a
+// silent peer; it returns when it next needs to run.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) pullTimers(id uint32, pl *pull, now int64) int64 {
+	if now-pl.lastProgress > int64(e.cfg.GiveUp) {
+		pl.peer.die(now)
+		return 0
+	}
+	next := int64(0)
+	for i := range pl.blocks {
+		b := &pl.blocks[i]
+		if !b.active {
+			continue
+		}
+		rto := min(pl.peer.rto<<min(b.retries, 10), int64(e.cfg.MaxRTO))
+		if now >= b.sentAt+rto {
+			b.retries++
+			e.sendPullReq(pl, b, now)
+			rto = min(pl.peer.rto<<min(b.retries, 10), int64(e.cfg.MaxRTO))
+		}
+		if t := b.sentAt + rto; next == 0 || t < next {
+			next = t
+		}
+	}
+	return next
+}
+
+// endPull finishes a pull and its receive with code.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) endPull(id uint32, pl *pull, code Code) {
+	delete(e.pulls, id)
+	pl.peer.pulls--
+	pl.r.pull = nil
+	e.complete(pl.r, code)
+}

@@ -1,0 +1,177 @@
+package msglayer
+
+import "sync/atomic"
+
+// (doneQueue.n is atomic so that a waiter may peek at it without the lock.)
+
+type reqKind uint8
+
+const (
+	kindSend reqKind = iota
+	kindRecv
+	kindConnect
+	kindNotify // internal: a notify frame waiting for window space
+)
+
+// request is the engine's record of one operation. Requests are recycled
+// through the endpoint's free list; the user holds a Request handle whose
+// generation must match. All fields are guarded by the engine lock except
+// doneFlag and wake.
+type request struct {
+	ep   *Endpoint
+	gen  uint32
+	kind reqKind
+
+	doneFlag  atomic.Bool   // completed: status is final (set under the engine lock)
+	wake      chan struct{} // capacity 1: signalled at completion
+	forgotten bool          // Forget: release at completion, report nothing
+	inDoneQ   bool
+	dprev     *request // done queue (the endpoint's or the group's)
+	dnext     *request
+	group     *Group
+	status    Status
+	segs      [][]byte
+	length    int // total length of segs
+
+	// Receives.
+	info, mask   uint64
+	rprev, rnext *request // posted-receive queue
+	queued       bool
+	pull         *pull
+
+	// Sends.
+	peer      *peer
+	match     uint64
+	sync      bool
+	rndv      bool   // large, synchronous or converted: completes at notify
+	rndvID    uint32 // in ep.rndvs while the receiver may pull
+	framed    int    // bytes of an eager message already framed
+	unacked   int    // reliable frames of this message not yet acked
+	buffered  bool   // the user's buffer is no longer needed
+	copyBuf   []byte // the data of an eager message converted to rendezvous
+	sprev     *request
+	snext     *request // peer's send queue (waiting for window space)
+	inSendQ   bool
+	localDone bool // same-process send: completed by the receiver side
+
+	// Connects.
+	connAddr     Addr
+	connKey      uint32
+	connID       uint32
+	connDeadline int64
+	connNext     int64
+}
+
+// Request is a handle on a pending operation. The zero Request is invalid.
+// A handle is spent once Test, Wait or Forget has reported its completion:
+// using it again returns ErrStaleRequest.
+type Request struct {
+	r   *request
+	gen uint32
+}
+
+// valid reports whether the handle still refers to its request. The
+// caller holds the engine lock.
+func (h Request) valid() bool { return h.r != nil && h.r.gen == h.gen }
+
+// dataSrc returns the bytes a send reads from: the user's segments or,
+// for a converted eager message, the engine's copy.
+func (r *request) dataSrc() [][]byte {
+	if r.copyBuf != nil {
+		return [][]byte{r.copyBuf}
+	}
+	return r.segs
+}
+
+// copyFromSegs copies into dst the bytes of segs starting at offset off
+// and returns how many it copied.
+func copyFromSegs(dst []byte, segs [][]byte, off int) int {
+	n := 0
+	for _, s := range segs {
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		c := copy(dst[n:], s[off:])
+		n += c
+		off = 0
+		if n == len(dst) {
+			break
+		}
+	}
+	return n
+}
+
+// copyToSegs copies src into segs starting at offset off, as far as segs
+// reach, and returns how many bytes it copied.
+func copyToSegs(segs [][]byte, off int, src []byte) int {
+	n := 0
+	for _, s := range segs {
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		c := copy(s[off:], src[n:])
+		n += c
+		off = 0
+		if n == len(src) {
+			break
+		}
+	}
+	return n
+}
+
+func segsLen(segs [][]byte) int {
+	n := 0
+	for _, s := range segs {
+		n += len(s)
+	}
+	return n
+}
+
+// doneQueue is an intrusive list of completed requests.
+type doneQueue struct {
+	head, tail *request
+	n          atomic.Int64
+}
+
+func (q *doneQueue) push(r *request) {
+	r.dprev, r.dnext = q.tail, nil
+	if q.tail != nil {
+		q.tail.dnext = r
+	} else {
+		q.head = r
+	}
+	q.tail = r
+	r.inDoneQ = true
+	q.n.Add(1)
+}
+
+func (q *doneQueue) remove(r *request) {
+	if !r.inDoneQ {
+		return
+	}
+	if r.dprev != nil {
+		r.dprev.dnext = r.dnext
+	} else {
+		q.head = r.dnext
+	}
+	if r.dnext != nil {
+		r.dnext.dprev = r.dprev
+	} else {
+		q.tail = r.dprev
+	}
+	r.dprev, r.dnext, r.inDoneQ = nil, nil, false
+	q.n.Add(-1)
+}
+
+// find returns the oldest request whose status match info fits
+// (info, mask).
+func (q *doneQueue) find(info, mask uint64) *request {
+	for r := q.head; r != nil; r = r.dnext {
+		if matches(r.status.Match, info, mask) {
+			return r
+		}
+	}
+	return nil
+}

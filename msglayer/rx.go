@@ -1,0 +1,557 @@
+package msglayer
+
+import "encoding/binary"
+
+// handle processes one frame for the endpoint. The caller (the driver)
+// holds the engine lock and the drive token.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) handle(f []byte, h *header, now int64) {
+	if e.closed {
+		return
+	}
+	var src Addr
+	copy(src.MAC[:], f[6:12])
+	src.EP = h.srcEP
+	e.stats.FramesIn++
+	e.stats.BytesIn += uint64(len(f))
+	th, payload := typeHdr(f, h)
+	switch h.typ {
+	case tConnect:
+		e.onConnect(src, h, th, now)
+		return
+	case tConnectReply:
+		e.onConnectReply(src, h, th, now)
+		return
+	case tNack:
+		if e.onSessionNack(src, h, th) {
+			return
+		}
+	}
+	p := e.peers[src]
+	if p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != e.session {
+		e.stats.StaleFrames++
+		if h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive {
+			e.nackSession(src, h)
+		}
+		return
+	}
+	p.lastHeard = now
+	p.onAck(h.ack, now)
+	switch h.typ {
+	case tEager, tRndv, tNotify, tNop:
+		e.onReliable(p, f, h, now)
+	case tAck:
+		e.stats.AcksIn++
+		p.onSack(h.ack, binary.BigEndian.Uint64(th), now)
+	case tNack:
+		e.onNack(p, th, now)
+	case tPullReq:
+		e.onPullReq(p, th)
+	case tPullReply:
+		e.onPullReply(p, th, payload, now)
+	case tKeepalive:
+		p.sendAck()
+	case tDisconnect:
+		p.reset(Aborted)
+		p.connected = false
+		delete(e.peers, src)
+	}
+}
+
+// nackSession tells a sender that we do not know its session (we
+// restarted, or it never connected).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) nackSession(src Addr, h *header) {
+	g := e.eng
+	b := g.scratchBuf()
+	out := header{typ: tNack, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
+	th := putHeader(b, src.MAC[:], g.mac[:], g.ethType, &out)
+	putU32U8(th, h.seq, nackBadSession)
+	g.queue(b[:frameLen(tNack, 0)], nil)
+}
+
+// onSessionNack handles a nack saying the peer does not know our session
+// or has no such endpoint: it forgot us (restarted) and we must reconnect.
+// It reports whether the frame was such a nack.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
+	_, reason := getU32U8(th)
+	if reason != nackBadSession && reason != nackBadEndpoint {
+		return false
+	}
+	p := e.peers[src]
+	if p == nil || h.dstSession != e.session || !p.connected {
+		return true
+	}
+	code := BadSession
+	if reason == nackBadEndpoint {
+		code = BadEndpoint
+	}
+	p.reset(code)
+	p.connected = false
+	return true
+}
+
+// onConnect answers a connect request.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
+	key, connID := getU32U32(th)
+	code := Success
+	if key != e.cfg.Key {
+		code = BadKey
+	} else {
+		p := e.peerFor(src)
+		if p.remoteSession != 0 && p.remoteSession != h.srcSession {
+			// The peer restarted: what we had with its old self is gone.
+			p.reset(BadSession)
+		}
+		p.remoteSession = h.srcSession
+		p.connected, p.dead, p.local = true, false, nil
+		p.lastHeard = now
+	}
+	g := e.eng
+	b := g.scratchBuf()
+	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
+	rt := putHeader(b, src.MAC[:], g.mac[:], g.ethType, &out)
+	putU32U8(rt, connID, uint8(code))
+	g.queue(b[:frameLen(tConnectReply, 0)], nil)
+}
+
+// onConnectReply completes the connect the reply answers.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
+	connID, code := getU32U8(th)
+	for i, r := range e.connects {
+		if r.connID != connID || r.connAddr != src {
+			continue
+		}
+		e.connects = append(e.connects[:i], e.connects[i+1:]...)
+		if Code(code) == Success {
+			p := e.peerFor(src)
+			if p.remoteSession != 0 && p.remoteSession != h.srcSession {
+				p.reset(BadSession)
+			}
+			p.remoteSession = h.srcSession
+			p.connected, p.dead, p.local = true, false, nil
+			p.lastHeard = now
+		}
+		e.complete(r, Code(code))
+		return
+	}
+}
+
+// onReliable delivers reliable frames in sequence order, holding frames
+// that arrive early and dropping duplicates.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
+	w := uint32(len(p.ooo))
+	d := h.seq - p.expected
+	switch {
+	case int32(d) < 0:
+		e.stats.Duplicates++
+		p.sendAck() // our ack may have been lost
+		return
+	case d >= w:
+		e.stats.BeyondWindow++
+		return
+	case d > 0:
+		s := &p.ooo[h.seq%w]
+		if s.full {
+			e.stats.Duplicates++
+		} else {
+			if s.buf == nil {
+				s.buf = make([]byte, e.eng.maxFrame())
+			}
+			s.n = copy(s.buf, f)
+			s.full = true
+			p.oooCount++
+			e.stats.OutOfOrder++
+		}
+		p.sendAck() // the selective ack shows the hole
+		return
+	}
+	switch e.process(p, f, h, now) {
+	case refused:
+		e.nack(p, h.seq, nackEagerRefused)
+		return
+	case gone, dropped:
+		return
+	}
+	p.expected++
+	for p.oooCount > 0 {
+		s := &p.ooo[p.expected%w]
+		if !s.full {
+			break
+		}
+		fh, err := decodeHeader(s.buf[:s.n])
+		res := accepted
+		if err == nil {
+			res = e.process(p, s.buf[:s.n], &fh, now)
+		}
+		if res == gone {
+			return
+		}
+		if res == dropped {
+			break
+		}
+		s.full = false
+		p.oooCount--
+		if res == refused {
+			// The rendezvous version of this message will come with the
+			// same sequence number.
+			e.nack(p, fh.seq, nackEagerRefused)
+			break
+		}
+		p.expected++
+	}
+	p.ackPending++
+	if p.ackPending >= e.cfg.AckEvery {
+		p.sendAck()
+	} else if p.ackDue == 0 {
+		p.ackDue = now + int64(e.cfg.AckDelay)
+		e.arm(p, p.ackDue)
+	}
+}
+
+// nack refuses a frame.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) nack(p *peer, seq uint32, reason uint8) {
+	p.sendCtl(tNack, 0, func(b []byte) int {
+		putU32U8(b, seq, reason)
+		return 0
+	})
+}
+
+// outcome of processing one in-order reliable frame.
+type outcome int
+
+const (
+	accepted outcome = iota // processed: the sequence number is consumed
+	refused                 // eager data refused for want of memory: nack, do not consume
+	dropped                 // not processed, not consumed: the sender will retransmit
+	gone                    // the endpoint or the peer went away meanwhile
+)
+
+// process handles one reliable frame whose turn it is.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
+	th, payload := typeHdr(f, h)
+	switch h.typ {
+	case tNop:
+		return accepted
+	case tNotify:
+		var n notifyHdr
+		n.decode(th)
+		if r := e.rndvs[n.rndvID]; r != nil && r.peer == p {
+			delete(e.rndvs, n.rndvID)
+			p.rndvs--
+			r.status.XferLen = int(n.xferLen)
+			r.buffered = true
+			e.complete(r, Success)
+		}
+		return accepted
+	case tRndv:
+		var rh rndvHdr
+		rh.decode(th)
+		if p.refused && h.seq == p.refusedSeq {
+			p.refused = false
+		}
+		sync := h.flags&flagSync != 0
+		if r := e.match.arrive(rh.match); r != nil {
+			e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
+			return accepted
+		}
+		act, ok := e.callHandler(p, rh.match, int(rh.msgLen), nil)
+		if !ok {
+			return gone
+		}
+		if act == Finished {
+			e.sendNotify(p, rh.rndvID, 0, now)
+			return accepted
+		}
+		if r := e.match.arrive(rh.match); r != nil {
+			e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
+			return accepted
+		}
+		if e.unexpRndv >= e.cfg.MaxUnexpectedRndv {
+			return dropped // the sender retransmits until there is room
+		}
+		u := &unexp{src: p, match: rh.match, msgLen: rh.msgLen, rndv: true, rndvID: rh.rndvID, sync: sync}
+		e.unexpRndv++
+		e.addUnexp(u)
+		return accepted
+	case tEager:
+		var eh eagerHdr
+		if eh.decode(th, len(payload)) != nil {
+			e.stats.BadFrames++
+			return accepted
+		}
+		if eh.offset != 0 {
+			e.continueEager(p, &eh, payload)
+			return accepted
+		}
+		if p.in.active {
+			// A new message while the previous one is incomplete: the
+			// sender abandoned it (converted to rendezvous).
+			p.in = inMsg{}
+		}
+		if p.refused && h.seq == p.refusedSeq {
+			return refused
+		}
+		if r := e.match.arrive(eh.match); r != nil {
+			e.startEager(p, r, &eh, payload)
+			return accepted
+		}
+		var data []byte
+		if int(eh.msgLen) == len(payload) {
+			data = payload
+		}
+		act, ok := e.callHandler(p, eh.match, int(eh.msgLen), data)
+		if !ok {
+			return gone
+		}
+		if act == Finished {
+			if int(eh.msgLen) > len(payload) {
+				p.in = inMsg{active: true, match: eh.match, msgLen: eh.msgLen, received: uint32(len(payload))}
+			}
+			return accepted
+		}
+		if r := e.match.arrive(eh.match); r != nil {
+			e.startEager(p, r, &eh, payload)
+			return accepted
+		}
+		if e.unexpBytes+int(eh.msgLen) > e.cfg.UnexpectedBytes {
+			e.stats.EagerRefused++
+			p.refused, p.refusedSeq = true, h.seq
+			return refused
+		}
+		u := &unexp{src: p, match: eh.match, msgLen: eh.msgLen, data: make([]byte, eh.msgLen)}
+		e.unexpBytes += int(eh.msgLen)
+		e.stats.UnexpectedBytes += uint64(eh.msgLen)
+		u.received = uint32(copy(u.data, payload))
+		e.addUnexp(u)
+		if !u.complete() {
+			p.in = inMsg{active: true, u: u, match: eh.match, msgLen: eh.msgLen, received: u.received}
+		}
+		return accepted
+	}
+	return accepted
+}
+
+// addUnexp queues an unexpected message.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) addUnexp(u *unexp) {
+	e.stats.Unexpected++
+	e.match.pushUnexp(u)
+	e.eng.completion.Add(1) // wakes probes
+}
+
+// callHandler runs the unexpected-message handler without the engine
+// lock (it may post receives). It reports false when the endpoint closed
+// meanwhile.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) callHandler(p *peer, match uint64, n int, data []byte) (HandlerAction, bool) {
+	h := e.cfg.UnexpectedHandler
+	if h == nil {
+		return Continue, true
+	}
+	m := UnexpectedMessage{Source: p.addr, Match: match, Length: n, Data: data}
+	g := e.eng
+	g.mu.Unlock()
+	act := h(m)
+	g.mu.Lock()
+	if e.closed || e.peers[p.addr] != p {
+		return act, false
+	}
+	return act, true
+}
+
+// startEager delivers the first fragment of an eager message into the
+// receive it matched.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) startEager(p *peer, r *request, eh *eagerHdr, payload []byte) {
+	r.status.Source, r.status.Match, r.status.MsgLen = p.addr, eh.match, int(eh.msgLen)
+	copyToSegs(r.segs, 0, payload)
+	if int(eh.msgLen) == len(payload) {
+		r.status.XferLen = min(int(eh.msgLen), r.length)
+		e.complete(r, Success)
+		return
+	}
+	p.in = inMsg{active: true, recv: r, match: eh.match, msgLen: eh.msgLen, received: uint32(len(payload))}
+}
+
+// continueEager delivers a later fragment of the message being
+// reassembled; fragments of abandoned messages are ignored.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) continueEager(p *peer, eh *eagerHdr, payload []byte) {
+	in := &p.in
+	if !in.active || eh.offset != in.received || eh.msgLen != in.msgLen || eh.match != in.match {
+		return
+	}
+	in.received += uint32(len(payload))
+	switch {
+	case in.recv != nil:
+		copyToSegs(in.recv.segs, int(eh.offset), payload)
+	case in.u != nil:
+		copy(in.u.data[eh.offset:], payload)
+		in.u.received = in.received
+	}
+	if in.received < in.msgLen {
+		return
+	}
+	if r := in.recv; r != nil {
+		r.status.XferLen = min(int(in.msgLen), r.length)
+		e.complete(r, Success)
+	} else if in.u != nil {
+		e.eng.completion.Add(1)
+	}
+	*in = inMsg{}
+}
+
+// takeUnexp gives an unexpected message to a receive just posted.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) takeUnexp(r *request, u *unexp, now int64) {
+	r.status.Source, r.status.Match, r.status.MsgLen = u.src.addr, u.match, int(u.msgLen)
+	if u.rndv {
+		e.unexpRndv--
+		if s := u.localSend; s != nil {
+			e.deliverLocal(s, r, u.src.addr)
+			return
+		}
+		e.matchedRndv(r, u.src, u.match, u.msgLen, u.rndvID, now)
+		return
+	}
+	copyToSegs(r.segs, 0, u.data[:u.received])
+	e.unexpBytes -= int(u.msgLen)
+	if u.complete() {
+		r.status.XferLen = min(int(u.msgLen), r.length)
+		e.complete(r, Success)
+		return
+	}
+	// The rest of the message goes straight into the receive.
+	if p := u.src; p.in.u == u {
+		p.in.u, p.in.recv = nil, r
+	}
+}
+
+// matchedRndv starts pulling a rendezvous message into the receive it
+// matched.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) matchedRndv(r *request, p *peer, match uint64, msgLen, rndvID uint32, now int64) {
+	r.status.Source, r.status.Match, r.status.MsgLen = p.addr, match, int(msgLen)
+	total := min(int(msgLen), r.length)
+	if total == 0 {
+		r.status.XferLen = 0
+		e.sendNotify(p, rndvID, 0, now)
+		e.complete(r, Success)
+		return
+	}
+	e.startPull(r, p, rndvID, uint32(total), now)
+}
+
+// sendNotify tells a rendezvous sender that the receiver is done.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) sendNotify(p *peer, rndvID, xfer uint32, now int64) {
+	r := e.newRequest(kindNotify, nil)
+	r.forgotten = true
+	r.peer = p
+	r.rndvID = rndvID
+	r.status.XferLen = int(xfer)
+	if p.sendHead != nil || !e.frameMessage(p, r, now) {
+		p.pushSend(r)
+	}
+}
+
+// onNack handles a refusal of one of our frames.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onNack(p *peer, th []byte, now int64) {
+	seq, reason := getU32U8(th)
+	switch reason {
+	case nackEagerRefused:
+		s := &p.win[seq%uint32(len(p.win))]
+		if s.used && s.seq == seq && s.first && s.req != nil && s.req.kind == kindSend && !s.req.rndv {
+			e.convert(p, s.req, seq, now)
+		}
+	case nackBadRndv:
+		for id, pl := range e.pulls {
+			if pl.peer == p && pl.rndvID == seq {
+				e.endPull(id, pl, Aborted)
+			}
+		}
+	}
+}
+
+// convert turns an eager message the receiver refused into a rendezvous:
+// its first frame is rewritten as the rendezvous record, its other frames
+// as no-ops, and the data is kept until the receiver pulls it.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
+	w := uint32(len(p.win))
+	for seq := first; seq != p.nextSeq; seq++ {
+		if s := &p.win[seq%w]; s.req == r && s.pending > 0 {
+			// A frame is on its way to the link: rewrite it later (the
+			// receiver nacks the retransmission again).
+			return
+		}
+	}
+	e.stats.EagerConverted++
+	buf := make([]byte, r.length)
+	for seq := first; seq != p.nextSeq; seq++ {
+		s := &p.win[seq%w]
+		if s.req != r {
+			continue
+		}
+		fh, err := decodeHeader(s.buf[:s.n])
+		if err != nil {
+			continue
+		}
+		th, payload := typeHdr(s.buf[:s.n], &fh)
+		var eh eagerHdr
+		if eh.decode(th, len(payload)) == nil {
+			copy(buf[eh.offset:], payload)
+		}
+	}
+	if r.framed < r.length {
+		copyFromSegs(buf[r.framed:], r.segs, r.framed)
+		r.framed = r.length
+		p.removeSend(r)
+	}
+	r.copyBuf, r.rndv, r.buffered = buf, true, true
+	r.rndvID = e.newID()
+	e.rndvs[r.rndvID] = r
+	p.rndvs++
+	for seq := first; seq != p.nextSeq; seq++ {
+		s := &p.win[seq%w]
+		if s.req != r {
+			continue
+		}
+		h := p.header(tNop)
+		h.seq = seq
+		if seq == first {
+			h.typ = tRndv
+			rh := rndvHdr{match: r.match, msgLen: uint32(r.length), rndvID: r.rndvID}
+			rh.put(s.buf[hdrLen:])
+		}
+		putHeader(s.buf, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
+		s.n = frameLen(h.typ, 0)
+		s.last = seq == first
+	}
+	p.retransmit(&p.win[first%w], now)
+}

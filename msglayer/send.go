@@ -1,0 +1,155 @@
+package msglayer
+
+// eagerPayload is the data one eager frame carries.
+func (e *Endpoint) eagerPayload() int { return e.eng.mtu - commonLen - eagerHdrLen }
+
+// pullPayload is the data one pull reply carries.
+func (e *Endpoint) pullPayload() int { return e.eng.mtu - commonLen - pullReplyHdrLen }
+
+// frameMessage frames as much of a queued message (send or notify) as the
+// window allows and reports whether it is fully framed.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
+	switch {
+	case r.kind == kindNotify:
+		s := p.nextSlot()
+		if s == nil {
+			return false
+		}
+		n := notifyHdr{rndvID: r.rndvID, xferLen: uint32(r.status.XferLen)}
+		n.put(s.buf[hdrLen:])
+		r.unacked++
+		p.sendReliable(s, p.header(tNotify), frameLen(tNotify, 0), r, true, true, now)
+		return true
+	case r.rndv:
+		s := p.nextSlot()
+		if s == nil {
+			return false
+		}
+		rh := rndvHdr{match: r.match, msgLen: uint32(r.length), rndvID: r.rndvID}
+		rh.put(s.buf[hdrLen:])
+		h := p.header(tRndv)
+		if r.sync {
+			h.flags = flagSync
+		}
+		r.unacked++
+		r.framed = r.length
+		p.sendReliable(s, h, frameLen(tRndv, 0), r, true, true, now)
+		return true
+	}
+	maxPay := e.eagerPayload()
+	for {
+		s := p.nextSlot()
+		if s == nil {
+			return false
+		}
+		first := r.framed == 0
+		chunk := min(maxPay, r.length-r.framed)
+		th := s.buf[hdrLen:]
+		eh := eagerHdr{match: r.match, msgLen: uint32(r.length), offset: uint32(r.framed)}
+		eh.put(th)
+		copyFromSegs(th[eagerHdrLen:eagerHdrLen+chunk], r.segs, r.framed)
+		h := p.header(tEager)
+		h.payloadLen = chunk
+		r.framed += chunk
+		last := r.framed == r.length
+		r.unacked++
+		p.sendReliable(s, h, frameLen(tEager, chunk), r, first, last, now)
+		if last {
+			r.buffered = true
+			return true
+		}
+	}
+}
+
+// pumpAll frames queued messages of every peer.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) pumpAll(now int64) {
+	for _, p := range e.peers {
+		if p.sendHead != nil {
+			p.pump(now)
+		}
+	}
+}
+
+// sendLocal delivers a message to an endpoint of the same engine without
+// the NIC: straight into a matching receive, else into the unexpected
+// queue (a copy within the bound, else a record that the receive will copy
+// from when it is posted).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) sendLocal(p *peer, r *request, now int64) {
+	t := p.local
+	tp := t.peers[e.addr]
+	if t.closed || tp == nil {
+		e.complete(r, Closed)
+		return
+	}
+	if rr := t.match.arrive(r.match); rr != nil {
+		t.deliverLocal(r, rr, e.addr)
+		return
+	}
+	var data []byte
+	if len(r.segs) == 1 && r.length <= e.eagerPayload() {
+		data = r.segs[0]
+	}
+	act, ok := t.callHandler(tp, r.match, r.length, data)
+	if !ok || e.closed {
+		e.complete(r, Closed)
+		return
+	}
+	if act == Finished {
+		r.status.XferLen = 0
+		e.complete(r, Success)
+		return
+	}
+	if rr := t.match.arrive(r.match); rr != nil {
+		t.deliverLocal(r, rr, e.addr)
+		return
+	}
+	u := &unexp{src: tp, match: r.match, msgLen: uint32(r.length)}
+	if !r.sync && r.length <= e.cfg.RendezvousThreshold && t.unexpBytes+r.length <= t.cfg.UnexpectedBytes {
+		u.data = make([]byte, r.length)
+		copyFromSegs(u.data, r.segs, 0)
+		u.received = u.msgLen
+		t.unexpBytes += r.length
+		t.stats.UnexpectedBytes += uint64(r.length)
+		r.buffered = true
+		r.status.XferLen = r.length
+		e.complete(r, Success)
+	} else {
+		u.rndv, u.localSend = true, r
+		r.rndv = true
+		t.unexpRndv++
+	}
+	t.addUnexp(u)
+}
+
+// deliverLocal copies a same-engine send into the receive it matched and
+// completes both.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) deliverLocal(s, r *request, from Addr) {
+	n := min(s.length, r.length)
+	done := 0
+	for done < n {
+		// Copy segment by segment of the destination.
+		off := done
+		for _, seg := range r.segs {
+			if off >= len(seg) {
+				off -= len(seg)
+				continue
+			}
+			c := copyFromSegs(seg[off:min(len(seg), off+n-done)], s.segs, done)
+			done += c
+			break
+		}
+	}
+	r.status.Source, r.status.Match, r.status.MsgLen, r.status.XferLen = from, s.match, s.length, n
+	e.complete(r, Success)
+	s.status.XferLen = n
+	s.buffered = true
+	s.ep.complete(s, Success)
+}

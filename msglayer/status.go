@@ -1,0 +1,124 @@
+package msglayer
+
+import (
+	"errors"
+	"fmt"
+	"net"
+)
+
+// Code is the outcome of a request, as MX's mx_status_code_t.
+type Code uint8
+
+const (
+	Success     Code = iota // the request completed fully
+	Truncated               // the receive buffer was shorter than the message: XferLen < MsgLen
+	Cancelled               // Cancel took the request back before it matched
+	Timeout                 // a connect or a resolve found nobody in time
+	Unreachable             // the peer stopped answering: retransmissions gave up
+	Closed                  // the endpoint was closed while the request was pending
+	BadSession              // the peer restarted (its session changed) or forgot us: reconnect
+	BadKey                  // the peer refused the connect: wrong key
+	BadEndpoint             // no endpoint with that id at the peer
+	Aborted                 // the peer refused the operation
+)
+
+var codeNames = [...]string{"success", "truncated", "cancelled", "timeout", "endpoint unreachable",
+	"endpoint closed", "bad session", "bad key", "bad endpoint", "aborted"}
+
+func (c Code) String() string {
+	if int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("code(%d)", uint8(c))
+}
+
+// Errors matching the status codes, for errors.Is. ErrClosed is
+// net.ErrClosed, as for every closed thing in Go.
+var (
+	ErrTruncated   = errors.New("msglayer: message truncated")
+	ErrCancelled   = errors.New("msglayer: request cancelled")
+	ErrTimeout     = errors.New("msglayer: timed out")
+	ErrUnreachable = errors.New("msglayer: peer unreachable")
+	ErrClosed      = net.ErrClosed
+	ErrBadSession  = errors.New("msglayer: bad session (peer restarted or forgot us)")
+	ErrBadKey      = errors.New("msglayer: connect refused: bad key")
+	ErrBadEndpoint = errors.New("msglayer: no such endpoint at the peer")
+	ErrAborted     = errors.New("msglayer: aborted by the peer")
+)
+
+// Err returns the error matching c, nil for Success.
+func (c Code) Err() error {
+	switch c {
+	case Success:
+		return nil
+	case Truncated:
+		return ErrTruncated
+	case Cancelled:
+		return ErrCancelled
+	case Timeout:
+		return ErrTimeout
+	case Unreachable:
+		return ErrUnreachable
+	case Closed:
+		return ErrClosed
+	case BadSession:
+		return ErrBadSession
+	case BadKey:
+		return ErrBadKey
+	case BadEndpoint:
+		return ErrBadEndpoint
+	}
+	return ErrAborted
+}
+
+// API errors: invalid arguments name themselves.
+var (
+	ErrBadMatchMask = errors.New("msglayer: match info has bits outside the mask")
+	ErrTooManySegs  = errors.New("msglayer: more than 256 segments")
+	ErrTooLong      = errors.New("msglayer: message longer than 4 GiB - 1")
+	ErrNotConnected = errors.New("msglayer: peer not connected")
+	ErrStaleRequest = errors.New("msglayer: request already completed and released")
+	ErrNotCancelled = errors.New("msglayer: only unmatched receives and pending connects can be cancelled")
+)
+
+// Status describes a completed request (MX's mx_status_t).
+type Status struct {
+	Code    Code
+	Source  Addr   // the peer: sender of a receive, destination of a send
+	Match   uint64 // match info of the message
+	MsgLen  int    // length the sender sent
+	XferLen int    // length delivered
+	Context any    // the context given when the request was posted
+}
+
+// Err returns nil for Success and an error matching the code otherwise,
+// carrying the peer and the lengths.
+func (s Status) Err() error {
+	if s.Code == Success {
+		return nil
+	}
+	return &StatusError{Status: s}
+}
+
+// StatusError is a non-success status as an error; errors.Is matches it
+// against the Err* sentinel of its code.
+type StatusError struct{ Status Status }
+
+func (e *StatusError) Error() string {
+	s := e.Status
+	if s.Code == Truncated {
+		return fmt.Sprintf("msglayer: message of %d bytes from %v truncated to %d", s.MsgLen, s.Source, s.XferLen)
+	}
+	return fmt.Sprintf("msglayer: %v (peer %v, match %#x)", s.Code, s.Source, s.Match)
+}
+
+func (e *StatusError) Unwrap() error { return e.Status.Code.Err() }
+
+// ArgError names an invalid argument.
+type ArgError struct {
+	Arg string
+	Err error
+}
+
+func (e *ArgError) Error() string { return "msglayer: argument " + e.Arg + ": " + e.Err.Error() }
+func (e *ArgError) Unwrap() error { return e.Err }

@@ -1,0 +1,311 @@
+package msglayer
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// Wire format. Every frame is an Ethernet frame of the stack's EtherType
+// carrying a 24-byte common header, then a header of its type, then payload:
+//
+//	0  u8  version (wireVersion)
+//	1  u8  type
+//	2  u8  destination endpoint id
+//	3  u8  source endpoint id
+//	4  u32 destination session: the receiver's session as the sender knows it (0 before connect)
+//	8  u32 source session: the sending endpoint's session
+//	12 u32 sequence number (reliable types; 0 otherwise)
+//	16 u32 cumulative ack: every reliable frame below it from the receiver has arrived
+//	20 u16 flags
+//	22 u16 payload length (bytes after the type header)
+//
+// All integers are big-endian. Reliable types (eager, rendezvous, notify,
+// nop) carry a sequence number and are retransmitted until acknowledged;
+// the others are answered or re-requested by their own timers.
+
+const (
+	wireVersion = 1
+	commonLen   = 24
+	// hdrLen is Ethernet plus common header: where type headers start.
+	hdrLen = xdp.EthHeaderLen + commonLen
+)
+
+// frameType is the type byte of the common header.
+type frameType uint8
+
+const (
+	tEager        frameType = 1  // reliable: a message fragment (match, msgLen, offset) + data
+	tRndv         frameType = 2  // reliable: rendezvous record of a large or synchronous message
+	tNotify       frameType = 3  // reliable: the receiver is done with a rendezvous
+	tNop          frameType = 4  // reliable: fills sequence numbers of a message converted to rendezvous
+	tAck          frameType = 5  // explicit cumulative ack + selective-ack bitmap
+	tNack         frameType = 6  // a frame was refused (reason, sequence number)
+	tPullReq      frameType = 7  // receiver asks for frames of a rendezvous block
+	tPullReply    frameType = 8  // one frame of rendezvous data
+	tConnect      frameType = 9  // connect request: key, connect id
+	tConnectReply frameType = 10 // connect answer: connect id, status
+	tHostQuery    frameType = 11 // broadcast: who has this host name?
+	tHostReply    frameType = 12 // unicast answer to a host query
+	tDisconnect   frameType = 13 // the sender forgets the receiver
+	tKeepalive    frameType = 14 // asks for an explicit ack (peer liveness)
+	maxFrameType  frameType = 14
+)
+
+// reliable reports whether frames of type t carry a sequence number.
+func (t frameType) reliable() bool {
+	return t == tEager || t == tRndv || t == tNotify || t == tNop
+}
+
+func (t frameType) String() string {
+	names := [...]string{"", "eager", "rndv", "notify", "nop", "ack", "nack", "pullreq", "pullreply",
+		"connect", "connectreply", "hostquery", "hostreply", "disconnect", "keepalive"}
+	if int(t) < len(names) && t != 0 {
+		return names[t]
+	}
+	return fmt.Sprintf("type(%d)", uint8(t))
+}
+
+// Type header lengths.
+const (
+	eagerHdrLen      = 16 // match u64, msgLen u32, offset u32
+	rndvHdrLen       = 16 // match u64, msgLen u32, rndvID u32
+	notifyHdrLen     = 12 // rndvID u32, xferLen u32, code u8, pad[3]
+	ackHdrLen        = 8  // sack u64: bit i = frame ack+1+i arrived
+	nackHdrLen       = 8  // seq u32, reason u8, pad[3]
+	pullReqHdrLen    = 24 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32
+	pullReplyHdrLen  = 8  // pullID u32, offset u32
+	connectHdrLen    = 8  // key u32, connectID u32
+	connReplyHdrLen  = 8  // connectID u32, code u8, pad[3]
+	hostHdrLen       = 0  // payload: the host name
+	maxHostNameLen   = 64
+	sackBits         = 64
+	pullBlockFrames  = 32 // frames per pull block (one bit each in the request mask)
+	flagSync         = 1 << 0
+	flagWantAck      = 1 << 1
+	nackEagerRefused = 1 // the receiver had no room: resend as rendezvous
+	nackBadSession   = 2 // the receiver does not know this session: reconnect
+	nackBadEndpoint  = 3 // no such endpoint
+	nackBadRndv      = 4 // the rendezvous to pull from is unknown or gone
+)
+
+// typeHdrLen is the type header length of each frame type.
+var typeHdrLen = [maxFrameType + 1]int{
+	tEager: eagerHdrLen, tRndv: rndvHdrLen, tNotify: notifyHdrLen, tNop: 0,
+	tAck: ackHdrLen, tNack: nackHdrLen, tPullReq: pullReqHdrLen, tPullReply: pullReplyHdrLen,
+	tConnect: connectHdrLen, tConnectReply: connReplyHdrLen, tHostQuery: hostHdrLen,
+	tHostReply: hostHdrLen, tDisconnect: 0, tKeepalive: 0,
+}
+
+// header is the decoded common header of a frame.
+type header struct {
+	typ        frameType
+	dstEP      uint8
+	srcEP      uint8
+	dstSession uint32
+	srcSession uint32
+	seq        uint32
+	ack        uint32
+	flags      uint16
+	payloadLen int
+}
+
+var (
+	errShortFrame  = errors.New("frame shorter than its headers")
+	errBadVersion  = errors.New("unknown protocol version")
+	errBadType     = errors.New("unknown frame type")
+	errBadLength   = errors.New("payload length does not match the frame")
+	errBadTypeHdr  = errors.New("inconsistent type header")
+	errHostNameLen = errors.New("host name too long")
+)
+
+// decodeHeader parses the common header of frame f (Ethernet header
+// included) and checks that the payload fits. It never panics.
+func decodeHeader(f []byte) (h header, err error) {
+	if len(f) < hdrLen {
+		return h, errShortFrame
+	}
+	b := f[xdp.EthHeaderLen:]
+	if b[0] != wireVersion {
+		return h, errBadVersion
+	}
+	h.typ = frameType(b[1])
+	if h.typ == 0 || h.typ > maxFrameType {
+		return h, errBadType
+	}
+	h.dstEP = b[2]
+	h.srcEP = b[3]
+	h.dstSession = binary.BigEndian.Uint32(b[4:])
+	h.srcSession = binary.BigEndian.Uint32(b[8:])
+	h.seq = binary.BigEndian.Uint32(b[12:])
+	h.ack = binary.BigEndian.Uint32(b[16:])
+	h.flags = binary.BigEndian.Uint16(b[20:])
+	h.payloadLen = int(binary.BigEndian.Uint16(b[22:]))
+	// Frames may be padded to the Ethernet minimum: the payload must fit,
+	// it need not fill the frame.
+	if hdrLen+typeHdrLen[h.typ]+h.payloadLen > len(f) {
+		return h, errBadLength
+	}
+	return h, nil
+}
+
+// putHeader writes the Ethernet and common headers into f and returns the
+// type header slice.
+func putHeader(f []byte, dst, src []byte, etherType uint16, h *header) []byte {
+	copy(f[0:6], dst)
+	copy(f[6:12], src)
+	binary.BigEndian.PutUint16(f[12:14], etherType)
+	b := f[xdp.EthHeaderLen:]
+	b[0] = wireVersion
+	b[1] = byte(h.typ)
+	b[2] = h.dstEP
+	b[3] = h.srcEP
+	binary.BigEndian.PutUint32(b[4:], h.dstSession)
+	binary.BigEndian.PutUint32(b[8:], h.srcSession)
+	binary.BigEndian.PutUint32(b[12:], h.seq)
+	binary.BigEndian.PutUint32(b[16:], h.ack)
+	binary.BigEndian.PutUint16(b[20:], h.flags)
+	binary.BigEndian.PutUint16(b[22:], uint16(h.payloadLen))
+	return f[hdrLen:]
+}
+
+// setAck rewrites the ack field of an encoded frame (piggybacking the
+// newest ack on a retransmission).
+func setAck(f []byte, ack uint32) {
+	binary.BigEndian.PutUint32(f[xdp.EthHeaderLen+16:], ack)
+}
+
+// frameLen is the length of a frame of type t with n payload bytes,
+// padded to the Ethernet minimum.
+func frameLen(t frameType, n int) int {
+	return max(hdrLen+typeHdrLen[t]+n, xdp.MinFrameLen)
+}
+
+// typeHdr returns the type header and the payload of a decoded frame.
+func typeHdr(f []byte, h *header) (th, payload []byte) {
+	n := typeHdrLen[h.typ]
+	return f[hdrLen : hdrLen+n], f[hdrLen+n : hdrLen+n+h.payloadLen]
+}
+
+// Type headers.
+
+type eagerHdr struct {
+	match  uint64
+	msgLen uint32
+	offset uint32
+}
+
+func (e *eagerHdr) put(b []byte) {
+	binary.BigEndian.PutUint64(b[0:], e.match)
+	binary.BigEndian.PutUint32(b[8:], e.msgLen)
+	binary.BigEndian.PutUint32(b[12:], e.offset)
+}
+
+func (e *eagerHdr) decode(b []byte, payloadLen int) error {
+	e.match = binary.BigEndian.Uint64(b[0:])
+	e.msgLen = binary.BigEndian.Uint32(b[8:])
+	e.offset = binary.BigEndian.Uint32(b[12:])
+	if uint64(e.offset)+uint64(payloadLen) > uint64(e.msgLen) {
+		return errBadTypeHdr
+	}
+	return nil
+}
+
+type rndvHdr struct {
+	match  uint64
+	msgLen uint32
+	rndvID uint32
+}
+
+func (r *rndvHdr) put(b []byte) {
+	binary.BigEndian.PutUint64(b[0:], r.match)
+	binary.BigEndian.PutUint32(b[8:], r.msgLen)
+	binary.BigEndian.PutUint32(b[12:], r.rndvID)
+}
+
+func (r *rndvHdr) decode(b []byte) {
+	r.match = binary.BigEndian.Uint64(b[0:])
+	r.msgLen = binary.BigEndian.Uint32(b[8:])
+	r.rndvID = binary.BigEndian.Uint32(b[12:])
+}
+
+type notifyHdr struct {
+	rndvID  uint32
+	xferLen uint32
+	code    Code
+}
+
+func (n *notifyHdr) put(b []byte) {
+	binary.BigEndian.PutUint32(b[0:], n.rndvID)
+	binary.BigEndian.PutUint32(b[4:], n.xferLen)
+	b[8] = byte(n.code)
+	b[9], b[10], b[11] = 0, 0, 0
+}
+
+func (n *notifyHdr) decode(b []byte) {
+	n.rndvID = binary.BigEndian.Uint32(b[0:])
+	n.xferLen = binary.BigEndian.Uint32(b[4:])
+	n.code = Code(b[8])
+}
+
+type pullReqHdr struct {
+	rndvID, pullID uint32
+	offset, length uint32 // the block
+	mask           uint32 // bit i: frame i of the block is wanted
+	frameBytes     uint32 // data per reply frame: frame i starts at offset+i*frameBytes
+}
+
+func (p *pullReqHdr) put(b []byte) {
+	binary.BigEndian.PutUint32(b[0:], p.rndvID)
+	binary.BigEndian.PutUint32(b[4:], p.pullID)
+	binary.BigEndian.PutUint32(b[8:], p.offset)
+	binary.BigEndian.PutUint32(b[12:], p.length)
+	binary.BigEndian.PutUint32(b[16:], p.mask)
+	binary.BigEndian.PutUint32(b[20:], p.frameBytes)
+}
+
+func (p *pullReqHdr) decode(b []byte) {
+	p.rndvID = binary.BigEndian.Uint32(b[0:])
+	p.pullID = binary.BigEndian.Uint32(b[4:])
+	p.offset = binary.BigEndian.Uint32(b[8:])
+	p.length = binary.BigEndian.Uint32(b[12:])
+	p.mask = binary.BigEndian.Uint32(b[16:])
+	p.frameBytes = binary.BigEndian.Uint32(b[20:])
+}
+
+type pullReplyHdr struct {
+	pullID, offset uint32
+}
+
+func (p *pullReplyHdr) put(b []byte) {
+	binary.BigEndian.PutUint32(b[0:], p.pullID)
+	binary.BigEndian.PutUint32(b[4:], p.offset)
+}
+
+func (p *pullReplyHdr) decode(b []byte) {
+	p.pullID = binary.BigEndian.Uint32(b[0:])
+	p.offset = binary.BigEndian.Uint32(b[4:])
+}
+
+// Small fixed headers: a u32 and a u8 (nack: seq+reason; connect reply:
+// connect id+code), two u32 (connect: key+connect id), a u64 (ack: sack).
+
+func putU32U8(b []byte, v uint32, c uint8) {
+	binary.BigEndian.PutUint32(b[0:], v)
+	b[4], b[5], b[6], b[7] = c, 0, 0, 0
+}
+
+func getU32U8(b []byte) (uint32, uint8) { return binary.BigEndian.Uint32(b[0:]), b[4] }
+
+func putU32U32(b []byte, x, y uint32) {
+	binary.BigEndian.PutUint32(b[0:], x)
+	binary.BigEndian.PutUint32(b[4:], y)
+}
+
+func putU64(b []byte, v uint64) { binary.BigEndian.PutUint64(b, v) }
+
+func getU32U32(b []byte) (uint32, uint32) {
+	return binary.BigEndian.Uint32(b[0:]), binary.BigEndian.Uint32(b[4:])
+}
