@@ -47,7 +47,9 @@ type AFXDPConfig struct {
 	EtherType uint16 // steered to the socket; 0 → DefaultEtherType
 
 	// FrameSize is the size of one UMEM frame: 2048 or 4096 (0 → 4096).
-	// A received frame fits in FrameSize minus 256 bytes of XDP headroom.
+	// A received frame fits in FrameSize minus 256 bytes of XDP headroom, a
+	// sent one in FrameSize; a longer frame (MTU+14 > FrameSize-256) needs
+	// multi-buffer (see MultiBuffer), which the link then uses by itself.
 	FrameSize int
 	// NumFrames is the number of UMEM frames, a power of two (0 → 4096):
 	// half receive (always on the fill ring), half transmit.
@@ -55,6 +57,16 @@ type AFXDPConfig struct {
 
 	Bind   BindMode       // zero-copy or copy; BindAuto by default
 	Attach bpf.AttachMode // XDP attach mode; AttachAuto (driver, then generic)
+
+	// MultiBuffer forces multi-buffer mode even when the MTU fits one UMEM
+	// frame. Multi-buffer mode is used without asking when it does not
+	// (MTU+14 > FrameSize-256, e.g. MTU 9000): the socket is bound with
+	// XDP_USE_SG, the steering program is its xdp.frags variant, and a
+	// frame may span several UMEM frames and ring descriptors, which Send
+	// splits and Recv reassembles. The links of this process on one
+	// interface share one steering program, so they must all be
+	// multi-buffer or all not. Needs Linux 6.6 or later.
+	MultiBuffer bool
 
 	// Spin makes a waiting Recv spin on the RX ring instead of sleeping in
 	// poll(2): lowest latency, one CPU burnt while waiting.
@@ -75,6 +87,13 @@ type AFXDPConfig struct {
 // sides share no mutable state but the counters, so Send and Recv run
 // concurrently without contention.
 //
+// In multi-buffer mode (sg) an Ethernet frame (a "packet" in the kernel's
+// words) may occupy several UMEM frames, one ring descriptor each, all but
+// the last flagged XDP_PKT_CONTD. Ownership is unchanged: every UMEM frame
+// of a received packet goes back to the fill ring when Recv consumes the
+// packet, every UMEM frame of a sent one comes back on the completion ring
+// by itself. A packet is only ever consumed, or queued, whole.
+//
 // LOCK ORDERING: closeMu > rxMu, closeMu > txMu.
 type AFXDPLink struct {
 	ifname    string
@@ -86,6 +105,7 @@ type AFXDPLink struct {
 	frameSize uint64
 	spin      bool
 	zeroCopy  bool
+	sg        bool // multi-buffer: XDP_USE_SG, xdp.frags steering program
 	sendWait  time.Duration
 	attach    bpf.AttachMode
 	steerKey  steerKey
@@ -174,10 +194,9 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if err != nil {
 		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
 	}
-	if ifi.MTU+EthHeaderLen > cfg.FrameSize-xdpHeadroom {
-		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface,
-			Err: fmt.Errorf("MTU %d does not fit a %d-byte UMEM frame (at most %d): %w",
-				ifi.MTU, cfg.FrameSize, cfg.FrameSize-xdpHeadroom-EthHeaderLen, ErrNotSupported)}
+	sg, err := multiBufferNeeded(ifi.MTU, cfg.FrameSize, cfg.NumFrames, cfg.MultiBuffer)
+	if err != nil {
+		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
 	}
 
 	l := &AFXDPLink{
@@ -189,6 +208,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 		maxFrame:  ifi.MTU + EthHeaderLen,
 		frameSize: uint64(cfg.FrameSize),
 		spin:      cfg.Spin,
+		sg:        sg,
 		sendWait:  cfg.SendTimeout,
 		fd:        -1,
 		efd:       -1,
@@ -295,7 +315,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	}
 	l.txPoll = [2]unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLOUT}, {Fd: int32(l.efd), Events: unix.POLLIN}}
 
-	l.steerKey, l.steer, err = acquireSteering(l.ifname, l.ifindex, bpf.LoadOptions{EtherType: cfg.EtherType}, cfg.Attach)
+	l.steerKey, l.steer, err = acquireSteering(l.ifname, l.ifindex, bpf.LoadOptions{EtherType: cfg.EtherType, Frags: l.sg}, cfg.Attach)
 	if err != nil {
 		return nil, err
 	}
@@ -311,8 +331,12 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 // to copy mode under BindAuto when the driver refuses zero-copy.
 func (l *AFXDPLink) bind(mode BindMode) error {
 	sa := &unix.SockaddrXDP{Ifindex: uint32(l.ifindex), QueueID: uint32(l.queue)}
+	var sgFlag uint16
+	if l.sg {
+		sgFlag = unix.XDP_USE_SG
+	}
 	try := func(flags uint16) error {
-		sa.Flags = flags | unix.XDP_USE_NEED_WAKEUP
+		sa.Flags = flags | sgFlag | unix.XDP_USE_NEED_WAKEUP
 		// The kernel releases a closed socket's hold on the queue in the
 		// background, so binding right after a Close on the same queue can
 		// fail with EBUSY for a short while.
@@ -327,10 +351,10 @@ func (l *AFXDPLink) bind(mode BindMode) error {
 	}
 	switch mode {
 	case BindCopy:
-		return try(unix.XDP_COPY)
+		return l.sgBindErr(try(unix.XDP_COPY))
 	case BindZeroCopy:
 		if err := try(unix.XDP_ZEROCOPY); err != nil {
-			return fmt.Errorf("zero-copy: %w", err)
+			return fmt.Errorf("zero-copy: %w", l.sgBindErr(err))
 		}
 		l.zeroCopy = true
 		return nil
@@ -343,7 +367,7 @@ func (l *AFXDPLink) bind(mode BindMode) error {
 		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPROTONOSUPPORT) {
 			return fmt.Errorf("zero-copy: %w", err)
 		}
-		return try(unix.XDP_COPY)
+		return l.sgBindErr(try(unix.XDP_COPY))
 	}
 }
 
@@ -356,7 +380,12 @@ func (l *AFXDPLink) MTU() int { return l.mtu }
 // ZeroCopy reports whether the socket is bound in zero-copy mode.
 func (l *AFXDPLink) ZeroCopy() bool { return l.zeroCopy }
 
-// Info implements Link.
+// MultiBuffer reports whether the link runs in multi-buffer mode
+// (XDP_USE_SG; frames may span several UMEM frames).
+func (l *AFXDPLink) MultiBuffer() bool { return l.sg }
+
+// Info implements Link. Mode is "zerocopy" or "copy", the XDP attach mode,
+// "spin" or "poll", and " sg" at the end in multi-buffer mode.
 func (l *AFXDPLink) Info() Info {
 	var b strings.Builder
 	if l.zeroCopy {
@@ -369,6 +398,9 @@ func (l *AFXDPLink) Info() Info {
 		b.WriteString(" spin")
 	} else {
 		b.WriteString(" poll")
+	}
+	if l.sg {
+		b.WriteString(" sg")
 	}
 	return Info{Kind: "afxdp", Interface: l.ifname, Queue: l.queue, Mode: b.String()}
 }
@@ -443,40 +475,83 @@ func (l *AFXDPLink) Wake() {
 	}
 }
 
-// recvReady copies the frames waiting on the RX ring into bufs and gives
+// recvReady copies the packets waiting on the RX ring into bufs and gives
 // their UMEM frames back to the fill ring.
+//
+// A packet is one descriptor or, in multi-buffer mode, a run of descriptors
+// of which all but the last carry XDP_PKT_CONTD. Its fragments are copied
+// into the caller's buffer in order; the RX consumer index only ever moves
+// past whole packets. The kernel publishes a packet's descriptors together,
+// but recvReady does not rely on it: it looks ahead for the last fragment
+// and, if that is not on the ring yet, leaves the packet (and every packet
+// after it) for a later call, its UMEM frames still held.
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
-	avail := l.rx.avail(uint32(len(bufs)))
-	if avail == 0 {
+	want := uint32(len(bufs))
+	if l.sg {
+		// One packet may span many descriptors: see all the kernel published.
+		want = l.rx.size
+	}
+	avail := l.rx.avail(want)
+	if avail == 0 || len(bufs) == 0 {
 		return 0
 	}
-	n := min(int(avail), len(bufs))
 	// The fill ring is as large as the receive half of the UMEM, so it always
 	// has room for the frames the RX ring hands back.
-	l.fill.free(uint32(n))
+	l.fill.free(avail)
+	start, end := l.rx.cachedCons, l.rx.cachedCons+avail
 	out := 0
 	var bytes uint64
-	for i := 0; i < n; i++ {
-		d := l.rx.descs[l.rx.cachedCons&l.rx.mask]
-		l.rx.cachedCons++
-		end := d.Addr + uint64(d.Len)
-		if end > uint64(len(l.umem)) || d.Addr/l.frameSize != (end-1)/l.frameSize {
-			// The kernel validates descriptors; this never happens unless
-			// the ring is corrupted. Count it and drop the frame.
-			l.badDescs.Add(1)
-		} else {
-			c := copy(bufs[out], l.umem[d.Addr:end])
-			sizes[out] = c
-			if c < int(d.Len) {
-				l.rxTrunc.Add(1)
+	for out < len(bufs) && l.rx.cachedCons != end {
+		first := l.rx.cachedCons
+		// next: one past the packet's last descriptor.
+		next, complete := first, false
+		for next != end {
+			last := l.rx.descs[next&l.rx.mask].Options&unix.XDP_PKT_CONTD == 0
+			next++
+			if last {
+				complete = true
+				break
 			}
-			bytes += uint64(d.Len)
-			out++
 		}
-		l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
-		l.fill.cachedProd++
+		if !complete && next-first < l.rx.size {
+			// The rest of the packet is not published yet: leave it, and
+			// its frames, on the ring for a later call.
+			break
+		}
+		// An incomplete packet that fills the whole ring can never complete
+		// (only a corrupted ring shows one): it is dropped below.
+		buf := bufs[out]
+		copied, total, bad := 0, 0, !complete
+		for i := first; i != next; i++ {
+			d := l.rx.descs[i&l.rx.mask]
+			e := d.Addr + uint64(d.Len)
+			if e > uint64(len(l.umem)) || d.Addr/l.frameSize != (e-1)/l.frameSize {
+				// The kernel validates descriptors; this never happens
+				// unless the ring is corrupted. Count it and drop the packet.
+				bad = true
+			} else if !bad {
+				copied += copy(buf[copied:], l.umem[d.Addr:e])
+				total += int(d.Len)
+			}
+			l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
+			l.fill.cachedProd++
+		}
+		l.rx.cachedCons = next
+		if bad {
+			l.badDescs.Add(1)
+			continue
+		}
+		sizes[out] = copied
+		if copied < total {
+			l.rxTrunc.Add(1)
+		}
+		bytes += uint64(total)
+		out++
+	}
+	if l.rx.cachedCons == start {
+		return 0
 	}
 	l.rx.release()
 	l.fill.submit()
@@ -499,9 +574,32 @@ func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
 	var stalledSince time.Time
 	for sent < len(frames) {
 		l.reclaim()
-		want := len(frames) - sent
-		n := min(want, len(l.txFree), int(l.tx.free(uint32(want))))
-		if n == 0 {
+		var bytes uint64
+		var bad error
+		queued := 0
+		for sent+queued < len(frames) {
+			f := frames[sent+queued]
+			if err := checkFrame(f, l.maxFrame); err != nil {
+				bad = err
+				break
+			}
+			// A frame is queued whole or not at all: all its UMEM frames
+			// and TX ring slots are secured first.
+			nd := l.txDescs(len(f))
+			if nd > len(l.txFree) || l.tx.free(uint32(nd)) < uint32(nd) {
+				break
+			}
+			l.queueFrame(f)
+			bytes += uint64(len(f))
+			queued++
+		}
+		if queued > 0 {
+			l.tx.submit()
+			sent += queued
+			l.txFrames.Add(uint64(queued))
+			l.txBytes.Add(bytes)
+			stalledSince = time.Time{}
+		} else if bad == nil {
 			if stalledSince.IsZero() {
 				stalledSince = time.Now()
 			}
@@ -509,29 +607,6 @@ func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
 				return sent, err
 			}
 			continue
-		}
-		stalledSince = time.Time{}
-		var bytes uint64
-		var bad error
-		queued := 0
-		for ; queued < n; queued++ {
-			f := frames[sent+queued]
-			if err := checkFrame(f, l.maxFrame); err != nil {
-				bad = err
-				break
-			}
-			addr := l.txFree[len(l.txFree)-1]
-			l.txFree = l.txFree[:len(l.txFree)-1]
-			copy(l.umem[addr:addr+l.frameSize], f)
-			l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: addr, Len: uint32(len(f))}
-			l.tx.cachedProd++
-			bytes += uint64(len(f))
-		}
-		if queued > 0 {
-			l.tx.submit()
-			sent += queued
-			l.txFrames.Add(uint64(queued))
-			l.txBytes.Add(bytes)
 		}
 		if err := l.kickTx(); err != nil {
 			return sent, err
@@ -541,6 +616,41 @@ func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
 		}
 	}
 	return sent, nil
+}
+
+// txDescs is the number of TX descriptors (and UMEM frames) a frame of n
+// bytes takes: one, or in multi-buffer mode one per FrameSize bytes.
+func (l *AFXDPLink) txDescs(n int) int {
+	fs := int(l.frameSize)
+	if n <= fs {
+		return 1
+	}
+	return (n + fs - 1) / fs
+}
+
+// queueFrame copies f into idle send frames and produces its descriptors
+// (not yet submitted): FrameSize bytes per descriptor, XDP_PKT_CONTD on all
+// but the last. The caller has checked that txFree and the TX ring have room
+// for txDescs(len(f)).
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) queueFrame(f []byte) {
+	for off := 0; ; {
+		end := min(off+int(l.frameSize), len(f))
+		addr := l.txFree[len(l.txFree)-1]
+		l.txFree = l.txFree[:len(l.txFree)-1]
+		copy(l.umem[addr:addr+l.frameSize], f[off:end])
+		var opts uint32
+		if end < len(f) {
+			opts = unix.XDP_PKT_CONTD
+		}
+		l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: addr, Len: uint32(end - off), Options: opts}
+		l.tx.cachedProd++
+		if end == len(f) {
+			return
+		}
+		off = end
+	}
 }
 
 // reclaim moves completed send frames back to txFree.

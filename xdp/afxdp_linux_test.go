@@ -282,3 +282,31 @@ func TestAFXDPMultiQueue(t *testing.T) {
 		}
 	})
 }
+
+// vethNativeMaxMTU is the largest MTU at which veth runs a single-buffer
+// (not xdp.frags) XDP program in driver mode: a page minus the XDP headroom
+// and the skb_shared_info.
+const vethNativeMaxMTU = 3506
+
+// TestAFXDPConformanceMTU3506 runs the conformance suite at the largest MTU
+// veth carries in native XDP mode without multi-buffer: every frame still
+// fits one UMEM frame, so the link stays single-buffer and in driver mode.
+func TestAFXDPConformanceMTU3506(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: vethNativeMaxMTU})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	for _, spin := range []bool{false, true} {
+		name := map[bool]string{false: "poll", true: "spin"}[spin]
+		t.Run(name, func(t *testing.T) {
+			linktest.Run(t, func(tb testing.TB) linktest.Pair {
+				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin})
+				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin})
+				for _, l := range []*xdp.AFXDPLink{a, b} {
+					if want := "copy drv " + name; l.Info().Mode != want || l.MTU() != vethNativeMaxMTU {
+						tb.Fatalf("%s: MTU %d, mode %q; want MTU %d, mode %q", l.Info().Interface, l.MTU(), l.Info().Mode, vethNativeMaxMTU, want)
+					}
+				}
+				return linktest.Pair{A: a, B: b, KernelDrops: kernelDrops(tb, lab)}
+			}, linktest.Options{})
+		})
+	}
+}

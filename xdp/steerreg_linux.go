@@ -53,6 +53,12 @@ func acquireSteering(ifname string, ifindex int, opts bpf.LoadOptions, mode bpf.
 	steerMu.Lock()
 	defer steerMu.Unlock()
 	if e := steerTab[key]; e != nil {
+		if e.opts.Frags != opts.Frags {
+			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,
+				Err: fmt.Errorf("another AF_XDP link of this process holds the %s program here, this link needs the %s one: "+
+					"the links of one interface must all be multi-buffer or all single-buffer (AFXDPConfig.MultiBuffer, MTU)",
+					progKind(e.opts), progKind(opts))}
+		}
 		if e.opts != opts {
 			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,
 				Err: fmt.Errorf("already attached by this process with options %+v, want %+v", e.opts, opts)}
@@ -76,6 +82,14 @@ func acquireSteering(ifname string, ifindex int, opts bpf.LoadOptions, mode bpf.
 	e := &steerEntry{steer: s, mode: got, opts: opts, refs: 1}
 	steerTab[key] = e
 	return key, e, nil
+}
+
+// progKind names the steering program variant opts selects.
+func progKind(opts bpf.LoadOptions) string {
+	if opts.Frags {
+		return "multi-buffer (xdp.frags)"
+	}
+	return "single-buffer (xdp)"
 }
 
 // releaseSteering drops one reference; the last one detaches the program.

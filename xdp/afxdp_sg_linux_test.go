@@ -1,0 +1,264 @@
+package xdp_test
+
+// Lab tests of multi-buffer (XDP_USE_SG) AF_XDP links: jumbo frames on a
+// 9000-MTU veth lab.
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/internal/netlab"
+	"github.com/xmx-stack/xmx/xdp"
+	"github.com/xmx-stack/xmx/xdp/linktest"
+)
+
+const jumboMTU = 9000
+
+// TestAFXDPConformanceJumbo runs the conformance suite (every frame size
+// from 60 to 9014 bytes, full rate, checksummed) over multi-buffer links.
+func TestAFXDPConformanceJumbo(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: jumboMTU})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	for _, spin := range []bool{false, true} {
+		name := map[bool]string{false: "poll", true: "spin"}[spin]
+		t.Run(name, func(t *testing.T) {
+			linktest.Run(t, func(tb testing.TB) linktest.Pair {
+				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin})
+				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin})
+				for _, l := range []*xdp.AFXDPLink{a, b} {
+					// The xdp.frags program runs in driver mode on veth at
+					// MTU 9000; the plain one would have fallen back to skb.
+					if want := "copy drv " + name + " sg"; l.Info().Mode != want || !l.MultiBuffer() || xdp.MaxFrameLen(l) != jumboMTU+xdp.EthHeaderLen {
+						tb.Fatalf("%s: mode %q, multi-buffer %v, max frame %d; want %q, true, %d",
+							l.Info().Interface, l.Info().Mode, l.MultiBuffer(), xdp.MaxFrameLen(l), want, jumboMTU+xdp.EthHeaderLen)
+					}
+				}
+				return linktest.Pair{A: a, B: b, KernelDrops: kernelDrops(tb, lab)}
+			}, linktest.Options{})
+		})
+	}
+}
+
+// boundarySizes are the frame sizes around every multiple of the receive
+// fragment (frameSize-256) and send fragment (frameSize) sizes up to the
+// largest frame, plus the smallest and largest frames.
+func boundarySizes(frameSize, maxLen int) []int {
+	seen := map[int]bool{}
+	var out []int
+	add := func(n int) {
+		if n >= xdp.MinFrameLen && n <= maxLen && !seen[n] {
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	add(xdp.MinFrameLen)
+	for _, step := range []int{frameSize - 256, frameSize} {
+		for k := step; k <= maxLen+1; k += step {
+			add(k - 1)
+			add(k)
+			add(k + 1)
+		}
+	}
+	add(maxLen - 1)
+	add(maxLen)
+	slices.Sort(out)
+	return out
+}
+
+// jumboFrame is a frame of n bytes from src to dst whose payload depends on
+// n and seed, so that a misplaced or reordered fragment shows.
+func jumboFrame(dst, src []byte, n int, seed byte) []byte {
+	f := make([]byte, n)
+	copy(f, dst)
+	copy(f[6:], src)
+	f[12], f[13] = 0x88, 0xb5
+	x := uint32(n)*2654435761 | uint32(seed) | 1
+	for i := 14; i < n; i++ {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		f[i] = byte(x)
+	}
+	return f
+}
+
+// recvExactly receives len(want) frames from l (in order) and compares them.
+func recvExactly(t *testing.T, l xdp.Link, want [][]byte, bufLen int) {
+	t.Helper()
+	bufs := make([][]byte, 8)
+	for i := range bufs {
+		bufs[i] = make([]byte, bufLen)
+	}
+	sizes := make([]int, len(bufs))
+	deadline := time.Now().Add(5 * time.Second)
+	for got := 0; got < len(want); {
+		n, err := l.Recv(bufs, sizes, 200*time.Millisecond)
+		if err != nil {
+			t.Fatalf("recv: %v", err)
+		}
+		for i := 0; i < n; i++ {
+			w := want[got]
+			if sizes[i] != len(w) || !bytes.Equal(bufs[i][:sizes[i]], w) {
+				t.Fatalf("frame %d: received %d bytes, want %d intact", got, sizes[i], len(w))
+			}
+			got++
+		}
+		if n == 0 && time.Now().After(deadline) {
+			t.Fatalf("received %d of %d frames; stats %+v", got, len(want), l.Stats())
+		}
+	}
+}
+
+// TestAFXDPJumboBoundaries sends frames of every size around the fragment
+// boundaries, one per Send and all in one batch, with 4096- and 2048-byte
+// UMEM frames, between two AF_XDP links and between AF_XDP and AF_PACKET
+// (which sees the frames as the kernel does), and checks that they arrive
+// byte for byte; then truncation of a frame across fragments.
+func TestAFXDPJumboBoundaries(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: jumboMTU})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	openPacket := func(t *testing.T, h *netlab.Host) xdp.Link {
+		var l *xdp.AFPacketLink
+		if err := h.Do(func() (err error) {
+			l, err = xdp.OpenAFPacket(xdp.AFPacketConfig{Interface: h.Interface})
+			return err
+		}); err != nil {
+			t.Fatalf("open AF_PACKET on %s: %v", h.Name, err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	const maxLen = jumboMTU + xdp.EthHeaderLen
+	for _, fs := range []int{4096, 2048} {
+		for _, peer := range []string{"afxdp", "afpacket"} {
+			t.Run(peer+"/"+map[int]string{4096: "4K", 2048: "2K"}[fs], func(t *testing.T) {
+				a := openAFXDP(t, h1, xdp.AFXDPConfig{FrameSize: fs})
+				var b xdp.Link
+				if peer == "afxdp" {
+					b = openAFXDP(t, h2, xdp.AFXDPConfig{FrameSize: fs})
+				} else {
+					b = openPacket(t, h2)
+				}
+				sizes := boundarySizes(fs, maxLen)
+				t.Logf("%d sizes: %v", len(sizes), sizes)
+				for dir, p := range [][2]xdp.Link{{a, b}, {b, a}} {
+					src, dst := p[0], p[1]
+					var all [][]byte
+					for i, n := range sizes {
+						f := jumboFrame(dst.HardwareAddr(), src.HardwareAddr(), n, byte(i+dir))
+						all = append(all, f)
+						if _, err := src.Send([][]byte{f}); err != nil {
+							t.Fatalf("send %d bytes: %v", n, err)
+						}
+						recvExactly(t, dst, [][]byte{f}, maxLen)
+					}
+					if n, err := src.Send(all); n != len(all) || err != nil {
+						t.Fatalf("send batch = %d, %v", n, err)
+					}
+					recvExactly(t, dst, all, maxLen)
+				}
+				// Truncation across fragments and in the first fragment; the
+				// frame after a truncated one arrives whole.
+				f := jumboFrame(b.HardwareAddr(), a.HardwareAddr(), maxLen, 99)
+				before := b.Stats().RxTruncated
+				for _, bufLen := range []int{5000, 100} {
+					if _, err := a.Send([][]byte{f, f}); err != nil {
+						t.Fatal(err)
+					}
+					short := [][]byte{make([]byte, bufLen)}
+					got := []int{0}
+					if n, err := b.Recv(short, got, 2*time.Second); n != 1 || err != nil || got[0] != bufLen || !bytes.Equal(short[0], f[:bufLen]) {
+						t.Fatalf("recv into %d bytes = %d, %v, size %d; want the first %d bytes", bufLen, n, err, got[0], bufLen)
+					}
+					recvExactly(t, b, [][]byte{f}, maxLen)
+				}
+				if tr := b.Stats().RxTruncated - before; tr != 2 {
+					t.Errorf("RxTruncated grew by %d, want 2", tr)
+				}
+				for _, l := range []xdp.Link{a, b} {
+					if s := l.Stats(); s.Lost() != 0 || s.RxInvalidDescs != 0 || s.TxInvalidDescs != 0 {
+						t.Errorf("%s: %+v, want no loss, no invalid descriptor", l.Info().Kind, s)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestAFXDPMultiBufferForced checks AFXDPConfig.MultiBuffer on a 1500-MTU
+// lab, where single-buffer would do.
+func TestAFXDPMultiBufferForced(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	linktest.Run(t, func(tb testing.TB) linktest.Pair {
+		a := openAFXDP(tb, h1, xdp.AFXDPConfig{MultiBuffer: true})
+		b := openAFXDP(tb, h2, xdp.AFXDPConfig{MultiBuffer: true, FrameSize: 2048})
+		for _, l := range []*xdp.AFXDPLink{a, b} {
+			if !l.MultiBuffer() || !strings.HasSuffix(l.Info().Mode, " sg") {
+				tb.Fatalf("forced multi-buffer: MultiBuffer() %v, mode %q", l.MultiBuffer(), l.Info().Mode)
+			}
+		}
+		return linktest.Pair{A: a, B: b, KernelDrops: kernelDrops(tb, lab)}
+	}, linktest.Options{Frames: 5000})
+}
+
+// TestAFXDPMultiBufferConflict opens a multi-buffer and a single-buffer link
+// on two queues of one interface: they would need different steering
+// programs, and an interface has one.
+func TestAFXDPMultiBufferConflict(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, Queues: 2})
+	h := lab.Hosts[0]
+	for _, first := range []bool{true, false} {
+		a := openAFXDP(t, h, xdp.AFXDPConfig{Queue: 0, MultiBuffer: first})
+		var err error
+		h.Do(func() error {
+			var l *xdp.AFXDPLink
+			if l, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: h.Interface, Queue: 1, MultiBuffer: !first}); err == nil {
+				l.Close()
+			}
+			return nil
+		})
+		t.Logf("multi-buffer %v, then %v: %v", first, !first, err)
+		if err == nil || !strings.Contains(err.Error(), "multi-buffer") || !strings.Contains(err.Error(), h.Interface) {
+			t.Errorf("multi-buffer %v then %v on one interface: %v; want an error naming the interface and multi-buffer", first, !first, err)
+		}
+		// The same setting shares the program.
+		openAFXDP(t, h, xdp.AFXDPConfig{Queue: 1, MultiBuffer: first}).Close()
+		a.Close()
+	}
+}
+
+// TestAFXDPNoAllocsJumbo is TestAFXDPNoAllocs with 9014-byte frames over
+// multi-buffer links.
+func TestAFXDPNoAllocsJumbo(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under the race detector")
+	}
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: jumboMTU})
+	for _, spin := range []bool{false, true} {
+		a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{Spin: spin})
+		b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{Spin: spin})
+		f := jumboFrame(b.HardwareAddr(), a.HardwareAddr(), jumboMTU+xdp.EthHeaderLen, 1)
+		frames := [][]byte{f}
+		bufs, sizes := [][]byte{make([]byte, len(f))}, []int{0}
+		allocs := testing.AllocsPerRun(2000, func() {
+			if _, err := a.Send(frames); err != nil {
+				t.Fatal(err)
+			}
+			if n, err := b.Recv(bufs, sizes, time.Second); n != 1 || err != nil || sizes[0] != len(f) {
+				t.Fatalf("recv = %d, %v, size %d", n, err, sizes[0])
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("spin=%v: %.1f allocations per Send+Recv of a jumbo frame, want 0", spin, allocs)
+		}
+		if !bytes.Equal(bufs[0], f) {
+			t.Error("jumbo frame corrupted")
+		}
+		a.Close()
+		b.Close()
+	}
+}
