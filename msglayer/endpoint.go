@@ -247,7 +247,9 @@ func Open(cfg Config) (*Endpoint, error) {
 // acquireEngine returns the engine of cfg's link, opening it if needed.
 // Endpoints on the same interface, or on the same given link, share one.
 func acquireEngine(cfg *Config) (*engine, string, error) {
-	key := cfg.Interface
+	// Two network namespaces may hold interfaces of the same name.
+	ns, _ := os.Readlink("/proc/thread-self/ns/net")
+	key := ns + "/" + cfg.Interface
 	if cfg.Link != nil {
 		key = fmt.Sprintf("link@%p", cfg.Link)
 	} else if cfg.Interface == "" {

@@ -31,10 +31,10 @@ type unexp struct {
 func (u *unexp) complete() bool { return u.rndv || u.received == u.msgLen }
 
 type matcher struct {
-	recvHead, recvTail *request
-	nRecvs             int
+	recvHead, recvTail   *request
+	nRecvs               int
 	unexpHead, unexpTail *unexp
-	nUnexp             int
+	nUnexp               int
 }
 
 // matches reports whether a message with match info m fits (info, mask).

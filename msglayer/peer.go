@@ -258,22 +258,28 @@ func (p *peer) sendCtl(t frameType, flags uint16, th func(b []byte) int) {
 }
 
 // sendAck sends an explicit ack with the selective-ack bitmap of the
-// frames held out of order.
+// frames held out of order (bit i: frame ack+1+i arrived).
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) sendAck() {
-	var sack uint64
-	if p.oooCount > 0 {
-		for i := 0; i < sackBits && i+1 < len(p.ooo); i++ {
-			if p.ooo[(p.expected+1+uint32(i))%uint32(len(p.ooo))].full {
-				sack |= 1 << i
-			}
-		}
-	}
 	p.ep.stats.AcksOut++
 	p.sendCtl(tAck, 0, func(b []byte) int {
-		putU64(b, sack)
-		return 0
+		if p.oooCount == 0 {
+			return 0
+		}
+		w := uint32(len(p.ooo))
+		nbits := min(int(w)-1, sackBytes*8)
+		n := 0
+		for i := 0; i < nbits; i++ {
+			if i%8 == 0 {
+				b[i/8] = 0
+			}
+			if p.ooo[(p.expected+1+uint32(i))%w].full {
+				b[i/8] |= 1 << (i % 8)
+				n = i/8 + 1
+			}
+		}
+		return n
 	})
 }
 
@@ -294,6 +300,7 @@ func (p *peer) onAck(ack uint32, now int64) {
 		if r := s.req; r != nil {
 			r.unacked--
 			if s.last && !r.rndv && r.unacked == 0 && !r.doneFlag.Load() {
+				r.status.XferLen = r.length
 				e.complete(r, Success)
 			}
 		}
@@ -329,13 +336,13 @@ func (p *peer) rttSample(rtt int64) {
 // holes below them that have been out longer than a round trip.
 //
 // +checklocks:p.ep.eng.mu
-func (p *peer) onSack(ack uint32, sack uint64, now int64) {
-	if sack == 0 || ack != p.acked {
+func (p *peer) onSack(ack uint32, sack []byte, now int64) {
+	if len(sack) == 0 || ack != p.acked {
 		return
 	}
 	highest := -1
-	for i := 0; i < sackBits; i++ {
-		if sack&(1<<i) == 0 {
+	for i := 0; i < len(sack)*8; i++ {
+		if sack[i/8]&(1<<(i%8)) == 0 {
 			continue
 		}
 		seq := ack + 1 + uint32(i)
@@ -407,15 +414,20 @@ func (p *peer) runTimers(now int64) int64 {
 		}
 	}
 	if p.inFlight() > 0 {
+		// A peer is dead when it has been silent for GiveUp while we wait
+		// for it; a slow receiver that keeps answering is not.
 		oldest := &p.win[p.acked%uint32(len(p.win))]
-		if now-oldest.firstSent > int64(cfg.GiveUp) {
+		if now-max(p.lastHeard, oldest.firstSent) > int64(cfg.GiveUp) {
 			p.die(now)
 			return 0
 		}
 		due := int64(0)
 		for seq := p.acked; seq != p.nextSeq; seq++ {
 			s := &p.win[seq%uint32(len(p.win))]
-			if s.sacked || !s.used {
+			// A selective ack is advisory: the receiver may drop a frame it
+			// held (it refuses an eager message it has no room for), so the
+			// oldest frame is retransmitted on timeout whatever it said.
+			if !s.used || (s.sacked && seq != p.acked) {
 				continue
 			}
 			if t := s.sentAt + p.rtoFor(s); now >= t {

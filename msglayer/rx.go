@@ -1,7 +1,5 @@
 package msglayer
 
-import "encoding/binary"
-
 // handle processes one frame for the endpoint. The caller (the driver)
 // holds the engine lock and the drive token.
 //
@@ -43,7 +41,7 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 		e.onReliable(p, f, h, now)
 	case tAck:
 		e.stats.AcksIn++
-		p.onSack(h.ack, binary.BigEndian.Uint64(th), now)
+		p.onSack(h.ack, payload, now)
 	case tNack:
 		e.onNack(p, th, now)
 	case tPullReq:

@@ -73,7 +73,8 @@ const (
 	eagerHdrLen      = 16 // match u64, msgLen u32, offset u32
 	rndvHdrLen       = 16 // match u64, msgLen u32, rndvID u32
 	notifyHdrLen     = 12 // rndvID u32, xferLen u32, code u8, pad[3]
-	ackHdrLen        = 8  // sack u64: bit i = frame ack+1+i arrived
+	ackHdrLen        = 0  // payload: selective-ack bitmap, bit i = frame ack+1+i arrived
+	sackBytes        = 64 // longest bitmap sent (512 frames)
 	nackHdrLen       = 8  // seq u32, reason u8, pad[3]
 	pullReqHdrLen    = 24 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32
 	pullReplyHdrLen  = 8  // pullID u32, offset u32
@@ -81,7 +82,6 @@ const (
 	connReplyHdrLen  = 8  // connectID u32, code u8, pad[3]
 	hostHdrLen       = 0  // payload: the host name
 	maxHostNameLen   = 64
-	sackBits         = 64
 	pullBlockFrames  = 32 // frames per pull block (one bit each in the request mask)
 	flagSync         = 1 << 0
 	flagWantAck      = 1 << 1
@@ -290,7 +290,7 @@ func (p *pullReplyHdr) decode(b []byte) {
 }
 
 // Small fixed headers: a u32 and a u8 (nack: seq+reason; connect reply:
-// connect id+code), two u32 (connect: key+connect id), a u64 (ack: sack).
+// connect id+code), two u32 (connect: key+connect id).
 
 func putU32U8(b []byte, v uint32, c uint8) {
 	binary.BigEndian.PutUint32(b[0:], v)
@@ -303,8 +303,6 @@ func putU32U32(b []byte, x, y uint32) {
 	binary.BigEndian.PutUint32(b[0:], x)
 	binary.BigEndian.PutUint32(b[4:], y)
 }
-
-func putU64(b []byte, v uint64) { binary.BigEndian.PutUint64(b, v) }
 
 func getU32U32(b []byte) (uint32, uint32) {
 	return binary.BigEndian.Uint32(b[0:]), binary.BigEndian.Uint32(b[4:])

@@ -1,0 +1,25 @@
+package msglayer
+
+import "fmt"
+
+// DebugPeer describes the endpoint's reliable channel to a, for test
+// failure messages.
+func (e *Endpoint) DebugPeer(a Addr) string {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	p := e.peers[a]
+	if p == nil {
+		return "no peer"
+	}
+	s := fmt.Sprintf("next %d acked %d expected %d ooo %d refused %v@%d rto %v sendq %v rndvs %d pulls %d nextTimer %d now %d\n",
+		p.nextSeq, p.acked, p.expected, p.oooCount, p.refused, p.refusedSeq, p.rto, p.sendHead != nil, p.rndvs, p.pulls, e.nextTimer, e.eng.clock.Now())
+	for seq := p.acked; seq != p.nextSeq && seq-p.acked < 12; seq++ {
+		sl := &p.win[seq%uint32(len(p.win))]
+		kind := ""
+		if sl.req != nil {
+			kind = fmt.Sprintf("req rndv=%v first=%v last=%v", sl.req.rndv, sl.first, sl.last)
+		}
+		s += fmt.Sprintf("  slot %d: used %v seq %d pending %d retries %d sacked %v sentAt %d %s\n", seq, sl.used, sl.seq, sl.pending, sl.retries, sl.sacked, sl.sentAt, kind)
+	}
+	return s
+}
