@@ -1,0 +1,92 @@
+package regcache
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The seed's Fig. 6: registration against memory copy, plus the cache hit
+// that a pin-down cache turns the registration into. Run with
+//
+//	go test -run XXX -bench 'Register|Memcpy|CacheHit' ./regcache
+//
+// Fig6 (fig6.go) measures the same three operations for the xmx tool.
+
+func benchFig6(b *testing.B, setup func(int) (fig6Op, error)) {
+	for _, size := range Fig6Sizes {
+		b.Run(SizeString(size), func(b *testing.B) {
+			needMlock(b, int64(size)+2*int64(pageSize))
+			op, err := setup(size)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer op.cleanup()
+			b.SetBytes(int64(size))
+			for b.Loop() {
+				if err := op.run(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// Register + Deregister (mlock + munlock, key, id slot).
+func BenchmarkRegister(b *testing.B) { benchFig6(b, fig6Register) }
+
+// copy of the same size.
+func BenchmarkMemcpy(b *testing.B) { benchFig6(b, fig6Memcpy) }
+
+// Acquire + Release of a cached buffer.
+func BenchmarkCacheHit(b *testing.B) { benchFig6(b, fig6CacheHit) }
+
+// A hit with a few hundred other regions cached (binary search depth).
+func BenchmarkCacheHitMany(b *testing.B) {
+	needMlock(b, 4<<20)
+	_, c := newCache(b, CacheConfig{MaxLockedBytes: -1})
+	arena := alignedBuf(512 * int(pageSize))
+	for i := 0; i < 512; i++ {
+		r, err := c.Acquire(arena[i*int(pageSize) : i*int(pageSize)+100])
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Release(r)
+	}
+	buf := arena[300*int(pageSize)+10 : 300*int(pageSize)+60]
+	for b.Loop() {
+		r, err := c.Acquire(buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.Release(r)
+	}
+}
+
+func TestFig6(t *testing.T) {
+	needMlock(t, 64<<10)
+	var out bytes.Buffer
+	res, err := Fig6(&out, []int{64, 4096, 64 << 10}, 6*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out.String())
+	if len(res.Rows) != 3 {
+		t.Fatalf("%d rows", len(res.Rows))
+	}
+	for _, r := range res.Rows {
+		if r.RegisterNs <= 0 || r.MemcpyNs <= 0 || r.CacheHitNs <= 0 {
+			t.Fatalf("row %+v", r)
+		}
+		// A hit is a lookup; a registration is two system calls.
+		if r.CacheHitNs >= r.RegisterNs {
+			t.Fatalf("a cache hit (%.0f ns) costs as much as a registration (%.0f ns)", r.CacheHitNs, r.RegisterNs)
+		}
+	}
+	if !strings.HasPrefix(out.String(), "    size |  register ns |    memcpy ns | cache hit ns\n") ||
+		!strings.Contains(out.String(), "crossover: ") {
+		t.Fatalf("table:\n%s", out.String())
+	}
+	checkClean(t)
+}

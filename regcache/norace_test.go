@@ -1,0 +1,5 @@
+//go:build !race
+
+package regcache
+
+const raceEnabled = false
