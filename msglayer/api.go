@@ -47,8 +47,7 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 		e.sendConnect(r, now)
 	}
 	h := Request{r, r.gen}
-	g.mu.Unlock()
-	g.flush()
+	g.flushAndUnlock()
 	return h, nil
 }
 
@@ -124,8 +123,7 @@ func (e *Endpoint) Disconnect(a Addr) {
 		delete(e.peers, a)
 		p.connected = false
 	}
-	g.mu.Unlock()
-	g.flush()
+	g.flushAndUnlock()
 }
 
 // Resolve finds the NIC of the host named name on the segment by a
@@ -165,8 +163,7 @@ func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, er
 		p := putHeader(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, g.mac[:], g.ethType, &h)
 		copy(p, name)
 		g.queue(b[:frameLen(tHostQuery, len(name))], nil)
-		g.mu.Unlock()
-		g.flush()
+		g.flushAndUnlock()
 		qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		g.waitFor(qctx, func() bool { _, ok := found(); return ok }, nil)
 		cancel()
@@ -231,8 +228,7 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 			p.pushSend(r)
 		}
 	}
-	g.mu.Unlock()
-	g.flush()
+	g.flushAndUnlock()
 	return h, nil
 }
 
@@ -276,8 +272,7 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	} else {
 		e.match.pushRecv(r)
 	}
-	g.mu.Unlock()
-	g.flush()
+	g.flushAndUnlock()
 	return h, nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/xmx-stack/xmx/xdp"
@@ -240,6 +241,7 @@ func Open(cfg Config) (*Endpoint, error) {
 		return nil, &ArgError{Arg: "EndpointID", Err: fmt.Errorf("endpoint %d already open on %s", e.id, g.ifname)}
 	}
 	g.eps[e.id] = e
+	g.epList = append(g.epList, e)
 	g.mu.Unlock()
 	return e, nil
 }
@@ -372,6 +374,9 @@ func (e *Endpoint) Close() error {
 	}
 	e.connects = nil
 	g.eps[e.id] = nil
+	if i := slices.Index(g.epList, e); i >= 0 {
+		g.epList = slices.Delete(g.epList, i, i+1)
+	}
 	g.mu.Unlock()
 	g.signal()
 	return releaseEngine(g)

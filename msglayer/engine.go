@@ -41,24 +41,27 @@ type engine struct {
 	// the link until it receives back.
 	drive chan struct{}
 	// Drivers: API waiters want the token (wantDrive); the background
-	// goroutine drives when none has for a while (lastAPI).
+	// goroutine drives when none has for a while (apiCalls).
 	wantDrive  atomic.Int32
 	bgDriving  atomic.Bool
 	inKernel   atomic.Bool // the driver is (or is about to be) blocked in Recv
-	lastAPI    atomic.Int64
+	apiCalls   atomic.Uint64
 	bgStop     chan struct{}
 	bgDone     chan struct{}
 	closed     atomic.Bool
 	refs       int // endpoints open; guarded by enginesMu
 	completion atomic.Uint64
 
-	// Receive buffers, owned by the driver (the drive token holder).
+	// Owned by the driver (the drive token holder).
 	rxBufs  [][]byte
 	rxSizes []int
+	spins   uint64
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
-	eps [256]*Endpoint
+	eps [256]*Endpoint // by endpoint id
+	// +checklocks:mu
+	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu
 	hostReplies map[string][6]byte // answers to our host queries
 	// +checklocks:mu
@@ -141,17 +144,27 @@ func (g *engine) queue(buf []byte, slot *txSlot) {
 	g.txq = append(g.txq, txEntry{buf: buf, slot: slot})
 }
 
-// flush sends the queued frames. Frames leave in the order they were
-// queued; a window slot's buffer is not reused while it is being sent.
+// flush sends the queued frames.
 func (g *engine) flush() {
-	g.txMu.Lock()
-	defer g.txMu.Unlock()
+	g.mu.Lock()
+	g.flushAndUnlock()
+}
+
+// flushAndUnlock sends the queued frames and releases the engine lock,
+// which the caller holds. Frames leave in the order they were queued: one
+// goroutine at a time flushes (txMu), and it keeps going while others
+// queue behind it; a goroutine that finds txMu taken leaves its frames to
+// that flusher. A window slot's buffer is not reused while it is being
+// sent (slot.pending).
+//
+// txMu is only ever tried, never waited for, while the engine lock is
+// held, so the two locks cannot deadlock.
+func (g *engine) flushAndUnlock() {
+	if len(g.txq) == 0 || !g.txMu.TryLock() {
+		g.mu.Unlock()
+		return
+	}
 	for {
-		g.mu.Lock()
-		if len(g.txq) == 0 {
-			g.mu.Unlock()
-			return
-		}
 		g.txSending = append(g.txSending[:0], g.txq...)
 		clear(g.txq)
 		g.txq = g.txq[:0]
@@ -180,14 +193,20 @@ func (g *engine) flush() {
 		if repump {
 			// Messages may have waited for a slot still being sent.
 			now := g.clock.Now()
-			for _, e := range g.eps {
-				if e != nil && e.blockedOnSlot {
+			for _, e := range g.epList {
+				if e.blockedOnSlot {
 					e.blockedOnSlot = false
 					e.pumpAll(now)
 				}
 			}
 		}
-		g.mu.Unlock()
+		if len(g.txq) == 0 {
+			// Release txMu before the engine lock: whoever queues next
+			// will find it free.
+			g.txMu.Unlock()
+			g.mu.Unlock()
+			return
+		}
 	}
 }
 
@@ -199,17 +218,21 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	}
 	n, err := g.link.Recv(g.rxBufs, g.rxSizes, timeout)
 	g.inKernel.Store(false)
+	if n == 0 && timeout == 0 {
+		// Spinning: reading the clock costs tens of nanoseconds, so look
+		// at the timers only every few dozen empty polls.
+		g.spins++
+		if g.spins&63 != 0 {
+			return err
+		}
+	}
 	now := g.clock.Now()
 	g.mu.Lock()
 	for i := 0; i < n; i++ {
 		g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
 	}
 	g.runTimers(now)
-	pending := len(g.txq) > 0
-	g.mu.Unlock()
-	if pending {
-		g.flush()
-	}
+	g.flushAndUnlock()
 	return err
 }
 
@@ -219,8 +242,8 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 // +checklocks:g.mu
 func (g *engine) sleepFor(now int64, maxSleep time.Duration) time.Duration {
 	d := maxSleep
-	for _, e := range g.eps {
-		if e != nil && e.nextTimer != 0 {
+	for _, e := range g.epList {
+		if e.nextTimer != 0 {
 			if w := time.Duration(e.nextTimer - now); w < d {
 				d = w
 			}
@@ -233,8 +256,8 @@ func (g *engine) sleepFor(now int64, maxSleep time.Duration) time.Duration {
 //
 // +checklocks:g.mu
 func (g *engine) runTimers(now int64) {
-	for _, e := range g.eps {
-		if e != nil && e.nextTimer != 0 && now >= e.nextTimer {
+	for _, e := range g.epList {
+		if e.nextTimer != 0 && now >= e.nextTimer {
 			e.runTimers(now)
 		}
 	}
@@ -333,7 +356,7 @@ func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan stru
 	g.wantDrive.Add(1)
 	defer g.wantDrive.Add(-1)
 	for {
-		g.lastAPI.Store(g.clock.Now())
+		g.apiCalls.Add(1)
 		if g.bgDriving.Load() {
 			g.signal()
 		}
@@ -403,8 +426,8 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 }
 
 // lingerAPI is how long the background goroutine stays away after an API
-// call drove the link, so that a loop of waits never hands the token back
-// and forth.
+// call waited, so that a loop of waits never hands the token back and
+// forth.
 const lingerAPI = 2 * time.Millisecond
 
 // background drives the link while no API call does, so that acks,
@@ -413,25 +436,31 @@ const lingerAPI = 2 * time.Millisecond
 // to do.
 func (g *engine) background() {
 	defer close(g.bgDone)
+	linger := time.NewTimer(lingerAPI)
+	defer linger.Stop()
+	lastCalls := g.apiCalls.Load()
 	for {
 		select {
 		case <-g.bgStop:
 			return
 		default:
 		}
-		if g.wantDrive.Load() > 0 || time.Duration(g.clock.Now()-g.lastAPI.Load()) < lingerAPI {
+		if calls := g.apiCalls.Load(); g.wantDrive.Load() > 0 || calls != lastCalls {
+			lastCalls = calls
+			linger.Reset(lingerAPI)
 			select {
 			case <-g.bgStop:
 				return
-			case <-time.After(lingerAPI):
+			case <-linger.C:
 			}
 			continue
 		}
+		linger.Reset(lingerAPI)
 		select {
 		case g.drive <- struct{}{}:
 		case <-g.bgStop:
 			return
-		case <-time.After(lingerAPI):
+		case <-linger.C:
 			continue
 		}
 		g.bgDriving.Store(true)

@@ -1,0 +1,163 @@
+package msglayer_test
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/internal/linkbench"
+	"github.com/xmx-stack/xmx/internal/netlab"
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// pingPong runs n round trips of size-byte messages from a to b (b echoes
+// each) and returns the round-trip times.
+func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.Duration) []time.Duration {
+	ctx := context.Background()
+	stop := make(chan struct{})
+	echoed := make(chan error, 1)
+	go func() {
+		buf := make([]byte, size)
+		segs := [][]byte{buf}
+		for {
+			r, err := b.Irecv(0, 0, segs, nil)
+			if err != nil {
+				echoed <- err
+				return
+			}
+			st, err := b.Wait(ctx, r)
+			if err != nil {
+				echoed <- err
+				return
+			}
+			if st.Match == 1 { // the end
+				echoed <- nil
+				return
+			}
+			s, err := b.Isend(a.Addr(), 2, segs, nil)
+			if err != nil {
+				echoed <- err
+				return
+			}
+			b.Forget(s)
+		}
+	}()
+	out, in := make([]byte, size), make([]byte, size)
+	outSegs, inSegs := [][]byte{out}, [][]byte{in}
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		r, err := a.Irecv(2, ^uint64(0), inSegs, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		s, err := a.Isend(b.Addr(), 0, outSegs, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if _, err := a.Wait(ctx, r); err != nil {
+			tb.Fatal(err)
+		}
+		if rtts != nil {
+			rtts = append(rtts, time.Since(start))
+		}
+		a.Forget(s)
+	}
+	end, _ := a.Isend(b.Addr(), 1, nil, nil)
+	a.Forget(end)
+	if err := <-echoed; err != nil {
+		tb.Fatal(err)
+	}
+	close(stop)
+	return rtts
+}
+
+func reportRTT(b *testing.B, rtts []time.Duration, floorP50 time.Duration) time.Duration {
+	slices.Sort(rtts)
+	p50, p99 := rtts[len(rtts)/2], rtts[len(rtts)*99/100]
+	b.ReportMetric(float64(p50)/2e3, "half-rtt-p50-µs")
+	b.ReportMetric(float64(p99)/2e3, "half-rtt-p99-µs")
+	if floorP50 > 0 {
+		b.ReportMetric(float64(p50)/float64(floorP50), "×floor")
+	}
+	return p50
+}
+
+// BenchmarkPingPongMem measures the engine's own cost over the in-memory
+// link (no kernel), with allocations.
+func BenchmarkPingPongMem(b *testing.B) {
+	for _, busy := range []bool{true, false} {
+		name := map[bool]string{true: "busy", false: "blocking"}[busy]
+		b.Run(name, func(b *testing.B) {
+			w := memWorld(&testing.T{}, xdp.MemConfig{})
+			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
+			pingPong(b, a, c, 8, 1000, nil)
+			rtts := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			rtts = pingPong(b, a, c, 8, b.N, rtts)
+			b.StopTimer()
+			reportRTT(b, rtts, 0)
+		})
+	}
+}
+
+// BenchmarkPingPongAFXDP measures 8-byte ping-pong through msglayer over
+// AF_XDP in a fresh lab, next to the raw link floor measured in the same
+// run with the same links (linkbench), in busy-poll and blocking mode.
+func BenchmarkPingPongAFXDP(b *testing.B) {
+	lab := netlab.New(b, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	for _, busy := range []bool{true, false} {
+		mode := map[bool]string{true: "busy", false: "blocking"}[busy]
+		var floor time.Duration
+		b.Run("link-floor-"+mode, func(b *testing.B) {
+			var la, lb xdp.Link
+			if err := h1.Do(func() (err error) { la, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: busy}); return }); err != nil {
+				b.Fatal(err)
+			}
+			defer la.Close()
+			if err := h2.Do(func() (err error) { lb, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: busy}); return }); err != nil {
+				b.Fatal(err)
+			}
+			defer lb.Close()
+			linkbench.PingPong(la, lb, 64, 1000, 1000)
+			b.ResetTimer()
+			res, err := linkbench.PingPong(la, lb, 64, 0, b.N)
+			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			floor = reportRTT(b, res.RTTs, 0)
+		})
+		b.Run("msglayer-"+mode, func(b *testing.B) {
+			w := labWorld2(b, lab)
+			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
+			pingPong(b, a, c, 8, 1000, nil)
+			rtts := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			rtts = pingPong(b, a, c, 8, b.N, rtts)
+			b.StopTimer()
+			reportRTT(b, rtts, floor)
+		})
+	}
+}
+
+// labWorld2 is labWorld on an existing lab.
+func labWorld2(tb testing.TB, lab *netlab.Lab) world {
+	return world{
+		name: "afxdp lab " + lab.Name,
+		open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
+			cfg.Interface = lab.Hosts[host].Interface
+			cfg.LinkKind = "afxdp"
+			var e *msglayer.Endpoint
+			if err := lab.Hosts[host].Do(func() (err error) { e, err = msglayer.Open(cfg); return }); err != nil {
+				t.Fatalf("open endpoint on %s: %v", lab.Hosts[host].Name, err)
+			}
+			t.Cleanup(func() { e.Close() })
+			return e
+		},
+	}
+}
