@@ -121,6 +121,7 @@ func (e *Endpoint) Disconnect(a Addr) {
 		}
 		p.reset(Aborted)
 		delete(e.peers, a)
+		e.lastPeer = nil
 		p.connected = false
 	}
 	g.flushAndUnlock()
@@ -313,8 +314,11 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	if r == nil {
 		return Status{}, ErrStaleRequest
 	}
-	done := func() bool { return r.doneFlag.Load() || r.gen != h.gen }
-	if err := e.eng.waitFor(ctx, done, r.wake); err != nil {
+	// Completion signals r.wake only while someone may sleep on it.
+	r.waiters.Add(1)
+	err := e.eng.waitFor(ctx, r.doneFlag.Load, r.wake)
+	r.waiters.Add(-1)
+	if err != nil {
 		return Status{}, err
 	}
 	st, ok, err := e.Test(h)

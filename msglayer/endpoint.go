@@ -156,6 +156,8 @@ type Endpoint struct {
 	// +checklocks:eng.mu
 	peers map[Addr]*peer
 	// +checklocks:eng.mu
+	lastPeer *peer // the peer of the last frame handled: most frames come from it
+	// +checklocks:eng.mu
 	active []*peer // peers with timers
 	// +checklocks:eng.mu
 	nextTimer int64
@@ -447,9 +449,11 @@ func (e *Endpoint) complete(r *request, code Code) {
 			}
 		}
 	}
-	select {
-	case r.wake <- struct{}{}:
-	default:
+	if r.waiters.Load() > 0 {
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -493,6 +497,17 @@ func (e *Endpoint) runTimers(now int64) {
 	}
 	at(e.connectTimers(now))
 	e.nextTimer = next
+}
+
+// flushAcks sends the delayed acks now.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) flushAcks() {
+	for _, p := range e.active {
+		if p.ackDue != 0 {
+			p.sendAck()
+		}
+	}
 }
 
 // peerFor returns the peer record of a, creating it.

@@ -23,3 +23,5 @@ func (e *Endpoint) DebugPeer(a Addr) string {
 	}
 	return s
 }
+
+

@@ -23,7 +23,8 @@ type request struct {
 	kind reqKind
 
 	doneFlag  atomic.Bool   // completed: status is final (set under the engine lock)
-	wake      chan struct{} // capacity 1: signalled at completion
+	wake      chan struct{} // capacity 1: signalled at completion if waiters > 0
+	waiters   atomic.Int32  // goroutines in Wait on this request
 	forgotten bool          // Forget: release at completion, report nothing
 	inDoneQ   bool
 	dprev     *request // done queue (the endpoint's or the group's)

@@ -26,7 +26,11 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 			return
 		}
 	}
-	p := e.peers[src]
+	p := e.lastPeer
+	if p == nil || p.addr != src {
+		p = e.peers[src]
+		e.lastPeer = p
+	}
 	if p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != e.session {
 		e.stats.StaleFrames++
 		if h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive {
@@ -54,6 +58,7 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 		p.reset(Aborted)
 		p.connected = false
 		delete(e.peers, src)
+		e.lastPeer = nil
 	}
 }
 

@@ -411,16 +411,27 @@ func (l *AFXDPLink) closedErr(op string) error {
 
 // Recv implements Link.
 func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
-	if l.closed.Load() {
-		return 0, l.closedErr("recv")
-	}
 	if len(sizes) < len(bufs) {
 		return 0, fmt.Errorf("xdp: recv on %s: %d sizes for %d buffers", l.ifname, len(sizes), len(bufs))
 	}
+	l.closeMu.RLock()
+	if l.closed.Load() {
+		l.closeMu.RUnlock()
+		return 0, l.closedErr("recv")
+	}
 	l.rxMu.Lock()
-	defer l.rxMu.Unlock()
+	// A busy-polling caller comes here millions of times a second: the
+	// locks are released by hand rather than by defer.
+	n, err := l.recvLocked(bufs, sizes, timeout)
+	l.rxMu.Unlock()
+	l.closeMu.RUnlock()
+	return n, err
+}
+
+// recvLocked is Recv with closeMu held shared and rxMu held.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
 
 	var deadline time.Time
 	if timeout > 0 {
