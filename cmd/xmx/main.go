@@ -1,6 +1,8 @@
 // Command xmx is the user's tool for the xmx messaging stack.
 //
-//	xmx linkbench [flags]   measure the links (AF_XDP, AF_PACKET, the asavie/xdp floor) in a veth lab
+//	xmx pingpong [flags] [PEER]   latency per message size (server without PEER)
+//	xmx stream [flags] [PEER]     bandwidth with a window of messages in flight
+//	xmx linkbench [flags]         measure the links (AF_XDP, AF_PACKET, the asavie/xdp floor) in a veth lab
 //
 // Run "xmx COMMAND -h" for the flags of a command.
 package main
@@ -21,6 +23,8 @@ type command struct {
 
 var commands = map[string]command{
 	"linkbench": {"measure link round trips and frame rates in a fresh veth lab", runLinkBench},
+	"pingpong":  {"latency tool: serve, or measure round trips to a peer per message size", runPingPong},
+	"stream":    {"bandwidth tool: serve, or stream messages to a peer with a window", runStream},
 }
 
 // errUsage marks errors in the command line (exit status 2).

@@ -1,0 +1,342 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+)
+
+// The pingpong and stream tools talk to an xmx server (the same command
+// without a peer). Messages carry their kind in the top byte of the match
+// info; the low bits carry a sequence number.
+const (
+	kindHello     = 1 // client → server: payload mode, max size, window
+	kindHelloAck  = 2
+	kindPing      = 3 // echoed as kindPong with the same length
+	kindPong      = 4
+	kindStream    = 5 // counted, not answered
+	kindStreamEnd = 6 // payload: messages and bytes sent; answered with kindStreamAck
+	kindStreamAck = 7 // payload: messages and bytes received
+	kindBye       = 8
+	kindShift     = 56
+)
+
+func match(kind, seq uint64) uint64 { return kind<<kindShift | seq&(1<<kindShift-1) }
+
+// endpointFlags are the flags every messaging command shares.
+type endpointFlags struct {
+	iface    string
+	link     string
+	ep       uint
+	key      uint
+	busy     bool
+	peerEP   uint
+	peerKey  uint
+	timeout  time.Duration
+	hostname string
+}
+
+func (f *endpointFlags) register(fs *flag.FlagSet, defaultEP uint) {
+	fs.StringVar(&f.iface, "i", "", "network interface (default: the only non-loopback interface that is up)")
+	fs.StringVar(&f.link, "link", "auto", "link kind: auto (AF_XDP, else AF_PACKET), afxdp or afpacket")
+	fs.UintVar(&f.ep, "e", defaultEP, "local endpoint id (0-255)")
+	fs.UintVar(&f.key, "key", 0x786d78, "endpoint key peers must present")
+	fs.BoolVar(&f.busy, "busy", false, "busy-poll (lowest latency, one CPU busy) instead of sleeping in the kernel")
+	fs.UintVar(&f.peerEP, "peer-ep", 0, "peer endpoint id when PEER names a host")
+	fs.UintVar(&f.peerKey, "peer-key", 0x786d78, "key to present to the peer")
+	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the peer to answer")
+	fs.StringVar(&f.hostname, "hostname", "", "host name this endpoint answers to (default: $XMX_HOSTNAME, else the system host name)")
+}
+
+func (f *endpointFlags) validate() error {
+	if f.ep > 255 {
+		return fmt.Errorf("%w: -e %d: endpoint ids are 0-255", errUsage, f.ep)
+	}
+	if f.peerEP > 255 {
+		return fmt.Errorf("%w: -peer-ep %d: endpoint ids are 0-255", errUsage, f.peerEP)
+	}
+	if f.key > 1<<32-1 || f.peerKey > 1<<32-1 {
+		return fmt.Errorf("%w: -key and -peer-key are 32-bit", errUsage)
+	}
+	switch f.link {
+	case "auto", "afxdp", "afpacket":
+	default:
+		return fmt.Errorf("%w: -link %q: want auto, afxdp or afpacket", errUsage, f.link)
+	}
+	return nil
+}
+
+// defaultInterface picks the only non-loopback interface that is up.
+func defaultInterface() (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	var up []string
+	for _, ifi := range ifs {
+		if ifi.Flags&net.FlagUp != 0 && ifi.Flags&net.FlagLoopback == 0 {
+			up = append(up, ifi.Name)
+		}
+	}
+	if len(up) != 1 {
+		return "", fmt.Errorf("%w: no -i given and %d interfaces are up (%s): name one with -i", errUsage, len(up), strings.Join(up, ", "))
+	}
+	return up[0], nil
+}
+
+// open opens the endpoint the flags describe.
+func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
+	if err := requireRoot("this command"); err != nil {
+		return nil, err
+	}
+	if f.iface == "" {
+		var err error
+		if f.iface, err = defaultInterface(); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := net.InterfaceByName(f.iface); err != nil {
+		return nil, fmt.Errorf("-i %s: no such interface (see ip link)", f.iface)
+	}
+	e, err := msglayer.Open(msglayer.Config{
+		Interface:  f.iface,
+		LinkKind:   f.link,
+		EndpointID: uint8(f.ep),
+		Key:        uint32(f.key),
+		BusyPoll:   f.busy,
+		Hostname:   f.hostname,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if info, why := e.LinkInfo(); f.link == "auto" && info.Kind != "afxdp" {
+		fmt.Fprintf(os.Stderr, "xmx: using %s on %s: %s\n", info.Kind, f.iface, why)
+	}
+	return e, nil
+}
+
+// resolvePeer turns PEER (a MAC address with an optional :endpoint, or a
+// host name) into an address and connects to it.
+func (f *endpointFlags) connect(e *msglayer.Endpoint, peer string) (msglayer.Addr, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), f.timeout)
+	defer cancel()
+	var a msglayer.Addr
+	if strings.Count(peer, ":") >= 5 {
+		var err error
+		if a, err = msglayer.ParseAddr(peer); err != nil {
+			return a, fmt.Errorf("%w: %v", errUsage, err)
+		}
+	} else {
+		var err error
+		if a, err = e.Resolve(ctx, peer, uint8(f.peerEP)); err != nil {
+			return a, fmt.Errorf("peer %q: no xmx host of that name answered on %s (is its server running? in a lab, run it with scripts/lab exec so that it knows its name): %w", peer, f.iface, err)
+		}
+	}
+	if err := e.Connect(ctx, a, uint32(f.peerKey)); err != nil {
+		return a, fmt.Errorf("peer %v: %w", a, err)
+	}
+	return a, nil
+}
+
+// serve runs the server side of pingpong and stream until interrupted (or
+// once one client said bye, with once).
+func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	info, _ := e.LinkInfo()
+	fmt.Fprintf(log, "xmx server: endpoint %v on %s (%s %s), waiting for clients (Ctrl-C ends)\n", e.Addr(), info.Interface, info.Kind, info.Mode)
+
+	type stream struct{ msgs, bytes uint64 }
+	streams := map[msglayer.Addr]*stream{}
+	grp := e.NewGroup()
+	var bufs [][]byte
+	post := func(i int) error {
+		_, err := grp.Irecv(0, 0, [][]byte{bufs[i]}, i)
+		return err
+	}
+	grow := func(n, size int) error {
+		size = min(max(size, 64), maxSize)
+		for i := range bufs {
+			if len(bufs[i]) < size {
+				// Posted receives keep their old buffer; it is replaced
+				// when it comes back.
+				bufs[i] = nil
+			}
+		}
+		for len(bufs) < n {
+			bufs = append(bufs, make([]byte, size))
+			if err := post(len(bufs) - 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := grow(4, 64<<10); err != nil {
+		return err
+	}
+	reply := make([]byte, 16)
+	for {
+		st, err := grp.Wait(ctx)
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		if err != nil && st.Code != msglayer.Truncated {
+			if st.Context == nil {
+				return err
+			}
+			fmt.Fprintf(log, "xmx server: %v\n", err)
+		}
+		i, isRecv := st.Context.(int)
+		if !isRecv {
+			continue // a send of ours completed
+		}
+		buf := bufs[i]
+		if buf == nil {
+			buf = make([]byte, maxSize)
+			bufs[i] = buf
+		}
+		kind, data := st.Match>>kindShift, buf[:st.XferLen]
+		switch kind {
+		case kindHello:
+			size, window := 64<<10, 1
+			if len(data) >= 8 {
+				size = int(binary.BigEndian.Uint32(data[0:]))
+				window = int(binary.BigEndian.Uint32(data[4:]))
+			}
+			if size > maxSize {
+				fmt.Fprintf(log, "xmx server: %v asks for %d-byte messages, above -max-size %d: they will be truncated\n", st.Source, size, maxSize)
+			}
+			if err := grow(min(window, 256)+4, size); err != nil {
+				return err
+			}
+			streams[st.Source] = &stream{}
+			if err := sendWait(ctx, e, st.Source, match(kindHelloAck, 0), nil); err != nil {
+				fmt.Fprintf(log, "xmx server: hello from %v: %v\n", st.Source, err)
+			}
+		case kindPing:
+			// The buffer must stay until the pong is sent.
+			if err := sendWait(ctx, e, st.Source, match(kindPong, st.Match), data); err != nil {
+				fmt.Fprintf(log, "xmx server: pong to %v: %v\n", st.Source, err)
+			}
+		case kindStream:
+			if s := streams[st.Source]; s != nil {
+				s.msgs++
+				s.bytes += uint64(st.MsgLen)
+			}
+		case kindStreamEnd:
+			s := streams[st.Source]
+			if s == nil {
+				s = &stream{}
+			}
+			binary.BigEndian.PutUint64(reply[0:], s.msgs)
+			binary.BigEndian.PutUint64(reply[8:], s.bytes)
+			*s = stream{}
+			if err := sendWait(ctx, e, st.Source, match(kindStreamAck, 0), reply); err != nil {
+				fmt.Fprintf(log, "xmx server: stream end to %v: %v\n", st.Source, err)
+			}
+		case kindBye:
+			delete(streams, st.Source)
+			fmt.Fprintf(log, "xmx server: %v done\n", st.Source)
+			if once {
+				return nil
+			}
+		}
+		if err := post(i); err != nil {
+			return err
+		}
+	}
+}
+
+// sendWait sends and waits for the send to complete.
+func sendWait(ctx context.Context, e *msglayer.Endpoint, to msglayer.Addr, m uint64, data []byte) error {
+	r, err := e.Isend(to, m, [][]byte{data}, nil)
+	if err != nil {
+		return err
+	}
+	_, err = e.Wait(ctx, r)
+	return err
+}
+
+// hello announces a session to the server and waits for its answer.
+func hello(ctx context.Context, e *msglayer.Endpoint, to msglayer.Addr, size, window int) error {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint32(b[0:], uint32(size))
+	binary.BigEndian.PutUint32(b[4:], uint32(window))
+	r, err := e.Irecv(match(kindHelloAck, 0), ^uint64(0), nil, nil)
+	if err != nil {
+		return err
+	}
+	if err := sendWait(ctx, e, to, match(kindHello, 0), b); err != nil {
+		return fmt.Errorf("hello to %v: %w", to, err)
+	}
+	if _, err := e.Wait(ctx, r); err != nil {
+		return fmt.Errorf("waiting for %v to answer hello: %w", to, err)
+	}
+	return nil
+}
+
+func bye(e *msglayer.Endpoint, to msglayer.Addr) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	sendWait(ctx, e, to, match(kindBye, 0), nil)
+}
+
+// parseSizes reads a size list ("0,8,1k,64k") or a sweep (start, end,
+// multiplier).
+func parseSizes(list string, start, end int, mult float64) ([]int, error) {
+	if list != "" {
+		var out []int
+		for _, s := range strings.Split(list, ",") {
+			n, err := parseSize(strings.TrimSpace(s))
+			if err != nil {
+				return nil, fmt.Errorf("%w: -sizes: %v", errUsage, err)
+			}
+			out = append(out, n)
+		}
+		return out, nil
+	}
+	if start < 0 || end < start {
+		return nil, fmt.Errorf("%w: -start %d -end %d: want 0 <= start <= end", errUsage, start, end)
+	}
+	if mult <= 1 {
+		return nil, fmt.Errorf("%w: -mult %g: must be above 1", errUsage, mult)
+	}
+	var out []int
+	for s := start; s <= end; {
+		out = append(out, s)
+		next := int(float64(s) * mult)
+		if next <= s {
+			next = s + 1
+		}
+		s = next
+	}
+	return out, nil
+}
+
+// parseSize reads "4096", "4k", "1M" (powers of 1024).
+func parseSize(s string) (int, error) {
+	mult := 1
+	switch {
+	case strings.HasSuffix(s, "k"), strings.HasSuffix(s, "K"):
+		mult, s = 1<<10, s[:len(s)-1]
+	case strings.HasSuffix(s, "m"), strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, s[:len(s)-1]
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 || n > (1<<32-1)/mult {
+		return 0, fmt.Errorf("size %q: want a byte count such as 64, 4k or 1M", s)
+	}
+	return n * mult, nil
+}

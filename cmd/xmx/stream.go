@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+)
+
+// streamResult is one line of stream output.
+type streamResult struct {
+	Size     int     `json:"size"`
+	Messages int     `json:"messages"`
+	Window   int     `json:"window"`
+	Seconds  float64 `json:"seconds"`
+	MBps     float64 `json:"mbps"`      // bytes the server received per second, 10^6 bytes
+	MsgRate  float64 `json:"msg_per_s"` // messages per second
+	Received uint64  `json:"received"`  // messages the server counted
+}
+
+func runStream(args []string) error {
+	fs := flag.NewFlagSet("stream", flag.ContinueOnError)
+	var ef endpointFlags
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `usage: xmx stream [flags]          (server: same as xmx pingpong without PEER)
+       xmx stream [flags] PEER     (client)
+
+Unidirectional bandwidth: the client keeps a window of messages in flight
+to the server and reports, per size, the bytes the server received per
+second and the message rate.
+
+`)
+		fs.PrintDefaults()
+	}
+	ef.register(fs, 0)
+	sizes := fs.String("sizes", "", "comma-separated sizes (e.g. 64k,1M); overrides -start/-end/-mult")
+	start := fs.Int("start", 1<<10, "first size of the sweep (bytes)")
+	end := fs.Int("end", 4<<20, "last size of the sweep (bytes)")
+	mult := fs.Float64("mult", 4, "size multiplier of the sweep")
+	count := fs.Int("n", 0, "messages per size (default: enough for about -time)")
+	dur := fs.Duration("time", time.Second, "target duration per size when -n is not given")
+	window := fs.Int("window", 16, "messages in flight")
+	asJSON := fs.Bool("json", false, "print one JSON object per size")
+	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
+	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := ef.validate(); err != nil {
+		return err
+	}
+	if fs.NArg() > 1 {
+		return fmt.Errorf("%w: one PEER at most, got %q", errUsage, fs.Args())
+	}
+	if *window < 1 || *window > 256 {
+		return fmt.Errorf("%w: -window %d: want 1..256", errUsage, *window)
+	}
+	if *count < 0 || *dur <= 0 {
+		return fmt.Errorf("%w: -n must not be negative and -time must be positive", errUsage)
+	}
+	list, err := parseSizes(*sizes, *start, *end, *mult)
+	if err != nil {
+		return err
+	}
+	e, err := ef.open()
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	if fs.NArg() == 0 {
+		return serve(e, *maxSize, *once, os.Stderr)
+	}
+	peer, err := ef.connect(e, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	maxMsg := 0
+	for _, s := range list {
+		maxMsg = max(maxMsg, s)
+	}
+	if err := hello(ctx, e, peer, maxMsg, *window); err != nil {
+		return err
+	}
+	defer bye(e, peer)
+	info, _ := e.LinkInfo()
+	if !*asJSON {
+		fmt.Printf("# xmx stream %v -> %v, %s %s on %s, window %d\n", e.Addr(), peer, info.Kind, info.Mode, info.Interface, *window)
+		fmt.Printf("# %10s %9s %10s %12s %12s\n", "bytes", "messages", "seconds", "MB/s", "msg/s")
+	}
+	enc := json.NewEncoder(os.Stdout)
+	for _, size := range list {
+		res, err := streamSize(ctx, e, peer, size, *window, *count, *dur)
+		if err != nil {
+			return fmt.Errorf("%d-byte messages: %w", size, err)
+		}
+		if *asJSON {
+			enc.Encode(res)
+			continue
+		}
+		fmt.Printf("  %10d %9d %10.3f %12.2f %12.0f\n", res.Size, res.Messages, res.Seconds, res.MBps, res.MsgRate)
+	}
+	return nil
+}
+
+// streamSize streams messages of one size and asks the server what it got.
+func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, size, window, count int, dur time.Duration) (streamResult, error) {
+	buf := make([]byte, size)
+	segs := [][]byte{buf}
+	grp := e.NewGroup()
+	start := time.Now()
+	sent, inFlight := 0, 0
+	deadline := start.Add(dur)
+	for count == 0 && time.Now().Before(deadline) || count > 0 && sent < count {
+		for inFlight < window && (count == 0 || sent < count) {
+			if _, err := grp.Isend(peer, match(kindStream, uint64(sent)), segs, nil); err != nil {
+				return streamResult{}, err
+			}
+			sent++
+			inFlight++
+		}
+		if _, err := grp.Wait(ctx); err != nil {
+			return streamResult{}, err
+		}
+		inFlight--
+	}
+	for ; inFlight > 0; inFlight-- {
+		if _, err := grp.Wait(ctx); err != nil {
+			return streamResult{}, err
+		}
+	}
+	reply := make([]byte, 16)
+	r, err := e.Irecv(match(kindStreamAck, 0), ^uint64(0), [][]byte{reply}, nil)
+	if err != nil {
+		return streamResult{}, err
+	}
+	if err := sendWait(ctx, e, peer, match(kindStreamEnd, 0), nil); err != nil {
+		return streamResult{}, err
+	}
+	if _, err := e.Wait(ctx, r); err != nil {
+		return streamResult{}, err
+	}
+	el := time.Since(start).Seconds()
+	msgs, bytes := binary.BigEndian.Uint64(reply[0:]), binary.BigEndian.Uint64(reply[8:])
+	if msgs != uint64(sent) {
+		return streamResult{}, fmt.Errorf("server counted %d messages of the %d sent", msgs, sent)
+	}
+	return streamResult{
+		Size: size, Messages: sent, Window: window, Seconds: el,
+		MBps: float64(bytes) / el / 1e6, MsgRate: float64(msgs) / el, Received: msgs,
+	}, nil
+}
