@@ -43,10 +43,10 @@ vet:
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 30m ./...
 
-# The first thing to run: a two-host veth lab, the links measured through
-# it (ping-pong and a burst), the lab torn down.
+# The first thing to run: a two-host veth lab, an msglayer ping-pong sweep
+# and a stream through it, the raw link floor beside, everything torn down.
 demo: deps build
-	./bin/xmx linkbench -rounds 1 -n 5000 -stream-time 500ms
+	scripts/demo
 
 # The full link benchmark (interleaved rounds, the asavie/xdp floor beside).
 bench: deps build
