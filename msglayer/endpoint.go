@@ -455,6 +455,10 @@ func (e *Endpoint) complete(r *request, code Code) {
 		default:
 		}
 	}
+	// A completion made outside the driver (a receive that matched a
+	// queued message, a same-process send, a cancel) must wake a driver
+	// asleep in the kernel: it may be the goroutine waiting for it.
+	e.eng.signal()
 }
 
 // arm makes sure the endpoint's timers run at t or earlier for p.
