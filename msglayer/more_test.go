@@ -1,0 +1,164 @@
+package msglayer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// TestResolve resolves host names on a three-host segment, as Open-MX's
+// host query did.
+func TestResolve(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	var eps []*msglayer.Endpoint
+	for i, name := range []string{"alpha", "beta", "gamma"} {
+		l := hub.Attach()
+		t.Cleanup(func() { l.Close() })
+		eps = append(eps, openEP(t, msglayer.Config{Link: l, EndpointID: uint8(i), Hostname: name}))
+	}
+	ctx := ctxFor(t, 10*time.Second)
+	a, err := eps[0].Resolve(ctx, "gamma", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != eps[2].Addr() {
+		t.Fatalf("resolve gamma = %v, want %v", a, eps[2].Addr())
+	}
+	if a, err := eps[1].Resolve(ctx, "beta", 7); err != nil || a.MAC != eps[1].Addr().MAC || a.EP != 7 {
+		t.Fatalf("resolve own name = %v, %v", a, err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := eps[0].Resolve(short, "nobody", 0); !errors.Is(err, msglayer.ErrTimeout) {
+		t.Fatalf("resolve of an unknown host = %v, want ErrTimeout", err)
+	}
+	if _, err := eps[0].Resolve(ctx, "", 0); err == nil {
+		t.Fatal("resolve of an empty name succeeded")
+	}
+}
+
+// TestConnectCancelAndClose checks a non-blocking connect to a silent peer
+// that is cancelled, and that Close completes every pending request with
+// Closed.
+func TestConnectCancelAndClose(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 10*time.Second)
+	ghost := msglayer.Addr{MAC: [6]byte{2, 0, 0, 0, 0, 0x99}, EP: 1}
+	r, err := a.IConnect(ghost, 1, "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Cancel(r); !ok || err != nil {
+		t.Fatalf("cancel of a pending connect = %v, %v", ok, err)
+	}
+	if st, err := a.Wait(ctx, r); !errors.Is(err, msglayer.ErrCancelled) || st.Context != "c" {
+		t.Fatalf("cancelled connect: %+v, %v", st, err)
+	}
+	// Pending: a receive, a synchronous send, a connect.
+	rr, _ := a.Irecv(5, ^uint64(0), nil, nil)
+	ss, _ := a.Issend(b.Addr(), 6, [][]byte{make([]byte, 10)}, nil)
+	cr, _ := a.IConnect(ghost, 1, nil)
+	done := make(chan error, 3)
+	for _, h := range []msglayer.Request{rr, ss, cr} {
+		go func() {
+			_, err := a.Wait(ctx, h)
+			done <- err
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if err := <-done; !errors.Is(err, msglayer.ErrClosed) {
+			t.Fatalf("pending request after Close: %v, want ErrClosed", err)
+		}
+	}
+	if _, err := a.Isend(b.Addr(), 0, nil, nil); !errors.Is(err, msglayer.ErrClosed) {
+		t.Fatalf("Isend after Close = %v", err)
+	}
+}
+
+// TestBadFrames sends malformed frames at an endpoint: they are counted
+// and dropped, and the endpoint keeps working.
+func TestBadFrames(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb, raw := hub.Attach(), hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close(); raw.Close() })
+	a := openEP(t, msglayer.Config{Link: la, EndpointID: 1, Key: 1})
+	b := openEP(t, msglayer.Config{Link: lb, EndpointID: 2, Key: 2})
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	frame := func(body ...byte) []byte {
+		f := make([]byte, 14, 64)
+		dst := b.Addr().MAC
+		copy(f, dst[:])
+		copy(f[6:], raw.HardwareAddr())
+		f[12], f[13] = 0x88, 0xb5
+		f = append(f, body...)
+		for len(f) < 60 {
+			f = append(f, 0)
+		}
+		return f
+	}
+	bad := [][]byte{
+		frame(),              // all zero: bad version
+		frame(9, 1, 2, 1),    // unknown version
+		frame(1, 0xee, 2, 1), // unknown type
+		frame(1, 1, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff), // impossible length
+		frame(1, 1, 77, 1),                        // no such endpoint
+		frame(1, 1, 2, 1, 1, 2, 3, 4, 5, 6, 7, 8), // eager frame of an unknown session
+	}
+	before := b.Counters()
+	if _, err := raw.Send(bad); err != nil {
+		t.Fatal(err)
+	}
+	// The endpoint still works.
+	buf := make([]byte, 100)
+	r, _ := b.Irecv(0, 0, [][]byte{buf}, nil)
+	s, _ := a.Isend(b.Addr(), 1, [][]byte{message(1, 100)}, nil)
+	if _, err := b.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	a.Wait(ctx, s)
+	if !bytes.Equal(buf, message(1, 100)) {
+		t.Fatal("payload corrupted after bad frames")
+	}
+	after := b.Counters()
+	if got := (after.BadFrames + after.StaleFrames) - (before.BadFrames + before.StaleFrames); got < uint64(len(bad)) {
+		t.Fatalf("%d bad frames counted, want %d", got, len(bad))
+	}
+}
+
+// TestArgErrors checks that invalid arguments name themselves.
+func TestArgErrors(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	if _, err := a.Isend(b.Addr(), 0, make([][]byte, 257), nil); !errors.Is(err, msglayer.ErrTooManySegs) {
+		t.Fatalf("257 segments: %v", err)
+	}
+	var ae *msglayer.ArgError
+	if _, err := a.Irecv(3, 1, nil, nil); !errors.As(err, &ae) || !errors.Is(err, msglayer.ErrBadMatchMask) {
+		t.Fatalf("bad mask: %v", err)
+	}
+	if _, err := msglayer.Open(msglayer.Config{Window: 1}); err == nil {
+		t.Fatal("Open with Window 1 succeeded")
+	}
+	if _, err := msglayer.Open(msglayer.Config{Interface: "", Link: nil}); err == nil {
+		t.Fatal("Open without interface or link succeeded")
+	}
+	if _, err := msglayer.ParseAddr("02:78:6d:00:00:01:300"); err == nil {
+		t.Fatal("ParseAddr accepted endpoint 300")
+	}
+	if ad, err := msglayer.ParseAddr("02:78:6d:00:00:01:3"); err != nil || ad.EP != 3 || ad.String() != "02:78:6d:00:00:01:3" {
+		t.Fatalf("ParseAddr = %v, %v", ad, err)
+	}
+}
