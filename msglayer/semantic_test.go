@@ -48,13 +48,13 @@ func memWorld(t *testing.T, mc xdp.MemConfig) world {
 	}
 }
 
-func labWorld(t *testing.T) world {
+func labWorld(t *testing.T, kind string) world {
 	lab := netlab.New(t, netlab.Options{Hosts: 2})
 	return world{
-		name: "afxdp lab " + lab.Name,
+		name: kind + " lab " + lab.Name,
 		open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
 			cfg.Interface = lab.Hosts[host].Interface
-			cfg.LinkKind = "afxdp"
+			cfg.LinkKind = kind
 			var e *msglayer.Endpoint
 			err := lab.Hosts[host].Do(func() (err error) {
 				e, err = msglayer.Open(cfg)
@@ -162,7 +162,9 @@ func TestSemanticMemFaults(t *testing.T) {
 	runSemantic(t, memWorld(t, xdp.MemConfig{Loss: 0.05, Reorder: 0.05, Duplicate: 0.01, Seed: 3}))
 }
 
-func TestSemanticAFXDP(t *testing.T) { runSemantic(t, labWorld(t)) }
+func TestSemanticAFXDP(t *testing.T) { runSemantic(t, labWorld(t, "afxdp")) }
+
+func TestSemanticAFPacket(t *testing.T) { runSemantic(t, labWorld(t, "afpacket")) }
 
 func testMatching(t *testing.T, w world) {
 	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
