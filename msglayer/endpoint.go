@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/xmx-stack/xmx/regcache"
 	"github.com/xmx-stack/xmx/xdp"
 )
 
@@ -49,6 +50,10 @@ type Config struct {
 	KeepaliveInterval   time.Duration
 	ConnectRetry        time.Duration
 	PullBlocks          int // pull blocks in flight per rendezvous (default 4)
+
+	// RegCache limits the pin-down cache of Register (zero: defaults from
+	// RLIMIT_MEMLOCK).
+	RegCache regcache.CacheConfig
 
 	Clock Clock
 
@@ -151,6 +156,11 @@ type Endpoint struct {
 	addr    Addr
 	linkWhy string // why the link kind in use was chosen
 
+	// reg holds the regions peers may access (Get, Put); cache is the
+	// pin-down cache in front of it. Both are safe for concurrent use.
+	reg   *regcache.Registry
+	cache *regcache.Cache
+
 	// +checklocks:eng.mu
 	closed bool
 	// +checklocks:eng.mu
@@ -210,6 +220,9 @@ type Counters struct {
 	BeyondWindow            uint64 // reliable frames too far ahead
 	PeersDead               uint64
 	Sends, Recvs, Completed uint64
+	Gets, Puts              uint64 // one-sided operations started here
+	PutsIn                  uint64 // Puts peers made into our regions
+	RegionRefused           uint64 // region accesses refused (unknown id, wrong key, out of bounds)
 }
 
 // Open opens an endpoint.
@@ -221,7 +234,16 @@ func Open(cfg Config) (*Endpoint, error) {
 	if err != nil {
 		return nil, err
 	}
+	reg := regcache.NewRegistry()
+	cache, err := regcache.NewCache(reg, cfg.RegCache)
+	if err != nil {
+		reg.Close()
+		releaseEngine(g)
+		return nil, fmt.Errorf("msglayer: open endpoint %d: %w", cfg.EndpointID, err)
+	}
 	e := &Endpoint{
+		reg:     reg,
+		cache:   cache,
 		eng:     g,
 		cfg:     cfg,
 		id:      cfg.EndpointID,
@@ -239,6 +261,8 @@ func Open(cfg Config) (*Endpoint, error) {
 	g.mu.Lock()
 	if g.eps[e.id] != nil {
 		g.mu.Unlock()
+		cache.Close()
+		reg.Close()
 		releaseEngine(g)
 		return nil, &ArgError{Arg: "EndpointID", Err: fmt.Errorf("endpoint %d already open on %s", e.id, g.ifname)}
 	}
@@ -381,7 +405,8 @@ func (e *Endpoint) Close() error {
 	}
 	g.mu.Unlock()
 	g.signal()
-	return releaseEngine(g)
+	err := errors.Join(e.cache.Close(), e.reg.Close())
+	return errors.Join(err, releaseEngine(g))
 }
 
 // newRequest takes a request from the free list.

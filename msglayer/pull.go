@@ -83,31 +83,52 @@ func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
 		mask: b.want, frameBytes: pl.frameBytes}
-	pl.peer.sendCtl(tPullReq, 0, func(th []byte) int {
+	var flags uint16
+	if r := pl.r; r.kind == kindGet {
+		// A Get pulls from a registered region of the peer.
+		flags, req.key, req.base = flagRegion, r.regionKey, r.regionOff
+	}
+	pl.peer.sendCtl(tPullReq, flags, func(th []byte) int {
 		req.put(th)
 		return 0
 	})
 }
 
-// onPullReq answers a pull request with the frames it asks for.
+// onPullReq answers a pull request with the frames it asks for, from a
+// rendezvous send or (flagRegion) from a registered region.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) onPullReq(p *peer, th []byte) {
+func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 	var req pullReqHdr
 	req.decode(th)
-	r := e.rndvs[req.rndvID]
-	if r == nil || r.peer != p {
-		e.nack(p, req.rndvID, nackBadRndv)
-		return
-	}
 	fb := req.frameBytes
 	end := uint64(req.offset) + uint64(req.length)
-	if fb == 0 || fb > uint32(e.pullPayload()) || end > uint64(r.length) {
+	if fb == 0 || fb > uint32(e.pullPayload()) {
 		e.stats.BadFrames++
 		return
 	}
+	var src [][]byte
+	if h.flags&flagRegion != 0 {
+		// Check the whole block once: id, key and bounds.
+		if _, err := e.reg.Lookup(req.rndvID, req.key, req.base+uint64(req.offset), uint64(req.length)); err != nil ||
+			req.base+uint64(req.offset) < req.base {
+			e.stats.RegionRefused++
+			e.nack(p, req.pullID, nackBadRegion)
+			return
+		}
+	} else {
+		r := e.rndvs[req.rndvID]
+		if r == nil || r.peer != p {
+			e.nack(p, req.rndvID, nackBadRndv)
+			return
+		}
+		if end > uint64(r.length) {
+			e.stats.BadFrames++
+			return
+		}
+		src = r.dataSrc()
+	}
 	g := e.eng
-	src := r.dataSrc()
 	for i := uint32(0); i < pullBlockFrames; i++ {
 		if req.mask&(1<<i) == 0 {
 			continue
@@ -123,7 +144,21 @@ func (e *Endpoint) onPullReq(p *peer, th []byte) {
 		th := putHeader(b, p.addr.MAC[:], g.mac[:], g.ethType, &h)
 		ph := pullReplyHdr{pullID: req.pullID, offset: uint32(off)}
 		ph.put(th)
-		copyFromSegs(th[pullReplyHdrLen:pullReplyHdrLen+n], src, int(off))
+		data := th[pullReplyHdrLen : pullReplyHdrLen+n]
+		if src != nil {
+			copyFromSegs(data, src, int(off))
+		} else {
+			// Hold the region for the copy: an unmap waits for it.
+			mem, reg, err := e.reg.Hold(req.rndvID, req.key, req.base+off, uint64(n))
+			if err != nil {
+				g.scratch = append(g.scratch, b)
+				e.stats.RegionRefused++
+				e.nack(p, req.pullID, nackBadRegion)
+				break
+			}
+			copy(data, mem)
+			reg.Unhold()
+		}
 		l := frameLen(tPullReply, n)
 		g.queue(b[:l], nil)
 		e.stats.PullReplies++
@@ -158,7 +193,21 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			return
 		}
 		n := min(uint32(len(payload)), b.offset+b.length-ph.offset)
-		copyToSegs(pl.r.segs, int(ph.offset), payload[:n])
+		if r := pl.r; r.kind == kindPutTarget {
+			// Our region: hold it for the copy; if it went away meanwhile
+			// (deregistered, unmapped), the Put fails.
+			mem, reg, err := e.reg.Hold(r.regionID, r.regionKey, r.regionOff+uint64(ph.offset), uint64(n))
+			if err != nil {
+				e.stats.RegionRefused++
+				e.sendNotify(p, pl.rndvID, 0, BadRegion, now)
+				e.endPull(pl.id, pl, BadRegion)
+				return
+			}
+			copy(mem, payload[:n])
+			reg.Unhold()
+		} else {
+			copyToSegs(pl.r.segs, int(ph.offset), payload[:n])
+		}
 		b.want &^= bit
 		pl.got += n
 		pl.lastProgress = now
@@ -167,7 +216,9 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			e.requestBlocks(pl, now)
 		}
 		if pl.got >= pl.total {
-			e.sendNotify(p, pl.rndvID, pl.total, now)
+			if pl.r.kind != kindGet {
+				e.sendNotify(p, pl.rndvID, pl.total, Success, now)
+			}
 			pl.r.status.XferLen = int(pl.total)
 			e.endPull(pl.id, pl, Success)
 		}
@@ -211,4 +262,26 @@ func (e *Endpoint) endPull(id uint32, pl *pull, code Code) {
 	pl.peer.pulls--
 	pl.r.pull = nil
 	e.complete(pl.r, code)
+}
+
+// onPut checks a peer's Put against our registry and pulls its data into
+// the region, or refuses it with BadRegion.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) onPut(p *peer, ph *putHdr, now int64) {
+	e.stats.PutsIn++
+	if _, err := e.reg.Lookup(ph.region, ph.key, ph.offset, uint64(ph.length)); err != nil {
+		e.stats.RegionRefused++
+		e.sendNotify(p, ph.putID, 0, BadRegion, now)
+		return
+	}
+	if ph.length == 0 {
+		e.sendNotify(p, ph.putID, 0, Success, now)
+		return
+	}
+	r := e.newRequest(kindPutTarget, nil)
+	r.forgotten = true
+	r.regionID, r.regionKey, r.regionOff = ph.region, ph.key, ph.offset
+	r.status.Source, r.status.MsgLen = p.addr, int(ph.length)
+	e.startPull(r, p, ph.putID, ph.length, now)
 }

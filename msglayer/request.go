@@ -1,6 +1,9 @@
 package msglayer
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+	"unsafe"
+)
 
 // (doneQueue.n is atomic so that a waiter may peek at it without the lock.)
 
@@ -10,7 +13,9 @@ const (
 	kindSend reqKind = iota
 	kindRecv
 	kindConnect
-	kindNotify // internal: a notify frame waiting for window space
+	kindNotify    // internal: a notify frame waiting for window space
+	kindGet       // one-sided read of a peer's region (a pull from the region)
+	kindPutTarget // internal: pulling a peer's Put into one of our regions
 )
 
 // request is the engine's record of one operation. Requests are recycled
@@ -54,6 +59,13 @@ type request struct {
 	snext     *request // peer's send queue (waiting for window space)
 	inSendQ   bool
 	localDone bool // same-process send: completed by the receiver side
+
+	// One-sided operations: the region addressed (Get: the peer's; Put
+	// target: ours) and, for Put, the initiator's record.
+	put       bool // a Put: its record is a tPut frame, it completes at notify
+	regionID  uint32
+	regionKey uint64
+	regionOff uint64
 
 	// Connects.
 	connAddr     Addr
@@ -176,3 +188,6 @@ func (q *doneQueue) find(info, mask uint64) *request {
 	}
 	return nil
 }
+
+// uintptrOf is the address of b's first byte.
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

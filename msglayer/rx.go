@@ -40,16 +40,18 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 	}
 	p.lastHeard = now
 	p.onAck(h.ack, now)
-	switch h.typ {
-	case tEager, tRndv, tNotify, tNop:
+	if h.typ.reliable() {
 		e.onReliable(p, f, h, now)
+		return
+	}
+	switch h.typ {
 	case tAck:
 		e.stats.AcksIn++
 		p.onSack(h.ack, payload, now)
 	case tNack:
 		e.onNack(p, th, now)
 	case tPullReq:
-		e.onPullReq(p, th)
+		e.onPullReq(p, h, th)
 	case tPullReply:
 		e.onPullReply(p, th, payload, now)
 	case tKeepalive:
@@ -258,8 +260,13 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			p.rndvs--
 			r.status.XferLen = int(n.xferLen)
 			r.buffered = true
-			e.complete(r, Success)
+			e.complete(r, n.code)
 		}
+		return accepted
+	case tPut:
+		var ph putHdr
+		ph.decode(th)
+		e.onPut(p, &ph, now)
 		return accepted
 	case tRndv:
 		var rh rndvHdr
@@ -277,7 +284,7 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			return gone
 		}
 		if act == Finished {
-			e.sendNotify(p, rh.rndvID, 0, now)
+			e.sendNotify(p, rh.rndvID, 0, Success, now)
 			return accepted
 		}
 		if r := e.match.arrive(rh.match); r != nil {
@@ -459,22 +466,24 @@ func (e *Endpoint) matchedRndv(r *request, p *peer, match uint64, msgLen, rndvID
 	total := min(int(msgLen), r.length)
 	if total == 0 {
 		r.status.XferLen = 0
-		e.sendNotify(p, rndvID, 0, now)
+		e.sendNotify(p, rndvID, 0, Success, now)
 		e.complete(r, Success)
 		return
 	}
 	e.startPull(r, p, rndvID, uint32(total), now)
 }
 
-// sendNotify tells a rendezvous sender that the receiver is done.
+// sendNotify tells a rendezvous (or Put) sender that the receiver is done
+// with it: xfer bytes delivered, or code for a refused Put.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) sendNotify(p *peer, rndvID, xfer uint32, now int64) {
+func (e *Endpoint) sendNotify(p *peer, rndvID, xfer uint32, code Code, now int64) {
 	r := e.newRequest(kindNotify, nil)
 	r.forgotten = true
 	r.peer = p
 	r.rndvID = rndvID
 	r.status.XferLen = int(xfer)
+	r.status.Code = code
 	if p.sendHead != nil || !e.frameMessage(p, r, now) {
 		p.pushSend(r)
 	}
@@ -496,6 +505,10 @@ func (e *Endpoint) onNack(p *peer, th []byte, now int64) {
 			if pl.peer == p && pl.rndvID == seq {
 				e.endPull(id, pl, Aborted)
 			}
+		}
+	case nackBadRegion:
+		if pl := e.pulls[seq]; pl != nil && pl.peer == p {
+			e.endPull(seq, pl, BadRegion)
 		}
 	}
 }

@@ -17,10 +17,21 @@ func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
 		if s == nil {
 			return false
 		}
-		n := notifyHdr{rndvID: r.rndvID, xferLen: uint32(r.status.XferLen)}
+		n := notifyHdr{rndvID: r.rndvID, xferLen: uint32(r.status.XferLen), code: r.status.Code}
 		n.put(s.buf[hdrLen:])
 		r.unacked++
 		p.sendReliable(s, p.header(tNotify), frameLen(tNotify, 0), r, true, true, now)
+		return true
+	case r.put:
+		s := p.nextSlot()
+		if s == nil {
+			return false
+		}
+		ph := putHdr{region: r.regionID, putID: r.rndvID, key: r.regionKey, offset: r.regionOff, length: uint32(r.length)}
+		ph.put(s.buf[hdrLen:])
+		r.unacked++
+		r.framed = r.length
+		p.sendReliable(s, p.header(tPut), frameLen(tPut, 0), r, true, true, now)
 		return true
 	case r.rndv:
 		s := p.nextSlot()

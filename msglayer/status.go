@@ -20,10 +20,11 @@ const (
 	BadKey                  // the peer refused the connect: wrong key
 	BadEndpoint             // no endpoint with that id at the peer
 	Aborted                 // the peer refused the operation
+	BadRegion               // a registered-region access was refused: unknown id, wrong key or out of bounds
 )
 
 var codeNames = [...]string{"success", "truncated", "cancelled", "timeout", "endpoint unreachable",
-	"endpoint closed", "bad session", "bad key", "bad endpoint", "aborted"}
+	"endpoint closed", "bad session", "bad key", "bad endpoint", "aborted", "bad region"}
 
 func (c Code) String() string {
 	if int(c) < len(codeNames) {
@@ -44,6 +45,7 @@ var (
 	ErrBadKey      = errors.New("msglayer: connect refused: bad key")
 	ErrBadEndpoint = errors.New("msglayer: no such endpoint at the peer")
 	ErrAborted     = errors.New("msglayer: aborted by the peer")
+	ErrBadRegion   = errors.New("msglayer: remote region access refused (id, key or bounds)")
 )
 
 // Err returns the error matching c, nil for Success.
@@ -67,6 +69,8 @@ func (c Code) Err() error {
 		return ErrBadKey
 	case BadEndpoint:
 		return ErrBadEndpoint
+	case BadRegion:
+		return ErrBadRegion
 	}
 	return ErrAborted
 }

@@ -51,17 +51,18 @@ const (
 	tHostReply    frameType = 12 // unicast answer to a host query
 	tDisconnect   frameType = 13 // the sender forgets the receiver
 	tKeepalive    frameType = 14 // asks for an explicit ack (peer liveness)
-	maxFrameType  frameType = 14
+	tPut          frameType = 15 // reliable: write into a registered region: the target pulls the data
+	maxFrameType  frameType = 15
 )
 
 // reliable reports whether frames of type t carry a sequence number.
 func (t frameType) reliable() bool {
-	return t == tEager || t == tRndv || t == tNotify || t == tNop
+	return t == tEager || t == tRndv || t == tNotify || t == tNop || t == tPut
 }
 
 func (t frameType) String() string {
 	names := [...]string{"", "eager", "rndv", "notify", "nop", "ack", "nack", "pullreq", "pullreply",
-		"connect", "connectreply", "hostquery", "hostreply", "disconnect", "keepalive"}
+		"connect", "connectreply", "hostquery", "hostreply", "disconnect", "keepalive", "put"}
 	if int(t) < len(names) && t != 0 {
 		return names[t]
 	}
@@ -76,7 +77,8 @@ const (
 	ackHdrLen        = 0  // payload: selective-ack bitmap, bit i = frame ack+1+i arrived
 	sackBytes        = 64 // longest bitmap sent (512 frames)
 	nackHdrLen       = 8  // seq u32, reason u8, pad[3]
-	pullReqHdrLen    = 24 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32
+	pullReqHdrLen    = 40 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32, key u64, base u64
+	putHdrLen        = 32 // region u32, putID u32, key u64, offset u64, length u32, pad u32
 	pullReplyHdrLen  = 8  // pullID u32, offset u32
 	connectHdrLen    = 8  // key u32, connectID u32
 	connReplyHdrLen  = 8  // connectID u32, code u8, pad[3]
@@ -85,10 +87,12 @@ const (
 	pullBlockFrames  = 32 // frames per pull block (one bit each in the request mask)
 	flagSync         = 1 << 0
 	flagWantAck      = 1 << 1
-	nackEagerRefused = 1 // the receiver had no room: resend as rendezvous
-	nackBadSession   = 2 // the receiver does not know this session: reconnect
-	nackBadEndpoint  = 3 // no such endpoint
-	nackBadRndv      = 4 // the rendezvous to pull from is unknown or gone
+	flagRegion       = 1 << 2 // pull request: rndvID names a registered region (key, base)
+	nackEagerRefused = 1      // the receiver had no room: resend as rendezvous
+	nackBadSession   = 2      // the receiver does not know this session: reconnect
+	nackBadEndpoint  = 3      // no such endpoint
+	nackBadRndv      = 4      // the rendezvous to pull from is unknown or gone
+	nackBadRegion    = 5      // a registered-region access was refused (id, key or bounds)
 )
 
 // typeHdrLen is the type header length of each frame type.
@@ -96,7 +100,7 @@ var typeHdrLen = [maxFrameType + 1]int{
 	tEager: eagerHdrLen, tRndv: rndvHdrLen, tNotify: notifyHdrLen, tNop: 0,
 	tAck: ackHdrLen, tNack: nackHdrLen, tPullReq: pullReqHdrLen, tPullReply: pullReplyHdrLen,
 	tConnect: connectHdrLen, tConnectReply: connReplyHdrLen, tHostQuery: hostHdrLen,
-	tHostReply: hostHdrLen, tDisconnect: 0, tKeepalive: 0,
+	tHostReply: hostHdrLen, tDisconnect: 0, tKeepalive: 0, tPut: putHdrLen,
 }
 
 // header is the decoded common header of a frame.
@@ -255,6 +259,7 @@ type pullReqHdr struct {
 	offset, length uint32 // the block
 	mask           uint32 // bit i: frame i of the block is wanted
 	frameBytes     uint32 // data per reply frame: frame i starts at offset+i*frameBytes
+	key, base      uint64 // with flagRegion: the region's key and the offset of byte 0
 }
 
 func (p *pullReqHdr) put(b []byte) {
@@ -264,6 +269,8 @@ func (p *pullReqHdr) put(b []byte) {
 	binary.BigEndian.PutUint32(b[12:], p.length)
 	binary.BigEndian.PutUint32(b[16:], p.mask)
 	binary.BigEndian.PutUint32(b[20:], p.frameBytes)
+	binary.BigEndian.PutUint64(b[24:], p.key)
+	binary.BigEndian.PutUint64(b[32:], p.base)
 }
 
 func (p *pullReqHdr) decode(b []byte) {
@@ -273,6 +280,33 @@ func (p *pullReqHdr) decode(b []byte) {
 	p.length = binary.BigEndian.Uint32(b[12:])
 	p.mask = binary.BigEndian.Uint32(b[16:])
 	p.frameBytes = binary.BigEndian.Uint32(b[20:])
+	p.key = binary.BigEndian.Uint64(b[24:])
+	p.base = binary.BigEndian.Uint64(b[32:])
+}
+
+// putHdr asks the target to pull length bytes of rendezvous putID into
+// its region at offset.
+type putHdr struct {
+	region, putID uint32
+	key, offset   uint64
+	length        uint32
+}
+
+func (p *putHdr) put(b []byte) {
+	binary.BigEndian.PutUint32(b[0:], p.region)
+	binary.BigEndian.PutUint32(b[4:], p.putID)
+	binary.BigEndian.PutUint64(b[8:], p.key)
+	binary.BigEndian.PutUint64(b[16:], p.offset)
+	binary.BigEndian.PutUint32(b[24:], p.length)
+	binary.BigEndian.PutUint32(b[28:], 0)
+}
+
+func (p *putHdr) decode(b []byte) {
+	p.region = binary.BigEndian.Uint32(b[0:])
+	p.putID = binary.BigEndian.Uint32(b[4:])
+	p.key = binary.BigEndian.Uint64(b[8:])
+	p.offset = binary.BigEndian.Uint64(b[16:])
+	p.length = binary.BigEndian.Uint32(b[24:])
 }
 
 type pullReplyHdr struct {

@@ -1,0 +1,155 @@
+package msglayer_test
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/regcache"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+func runOneSided(t *testing.T, w world) {
+	t.Run("PutGet", func(t *testing.T) { testPutGet(t, w) })
+	t.Run("Refusals", func(t *testing.T) { testRefusals(t, w) })
+	t.Run("UnmapInvalidates", func(t *testing.T) { testUnmap(t, w) })
+}
+
+func TestOneSidedMem(t *testing.T) {
+	runOneSided(t, memWorld(t, xdp.MemConfig{Loss: 0.05, Reorder: 0.05, Duplicate: 0.01, Seed: 5}))
+}
+
+func TestOneSidedAFXDP(t *testing.T) { runOneSided(t, labWorld(t, "afxdp")) }
+
+// testPutGet writes into a peer's registered buffer and reads it back,
+// for several sizes and offsets, over the network and on the same NIC.
+func testPutGet(t *testing.T, w world) {
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	c := w.open(t, 1, msglayer.Config{EndpointID: 3, Key: 3}) // on b's NIC
+	ctx := ctxFor(t, 60*time.Second)
+	target := make([]byte, 2<<20)
+	reg, err := b.Register(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Deregister(reg)
+	if err := c.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	for _, from := range []*msglayer.Endpoint{a, c} {
+		for i, tc := range []struct{ off, n int }{{0, 0}, {0, 1}, {100, 1500}, {4095, 40000}, {1 << 20, 1 << 20}} {
+			data := message(i, tc.n)
+			put, err := from.IPut(b.Addr(), reg.Mem, uint64(tc.off), [][]byte{data}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st, err := from.Wait(ctx, put); err != nil || st.XferLen != tc.n {
+				t.Fatalf("put %d bytes at %d: %+v, %v", tc.n, tc.off, st, err)
+			}
+			if !bytes.Equal(target[tc.off:tc.off+tc.n], data) {
+				t.Fatalf("put %d bytes at %d: target memory differs", tc.n, tc.off)
+			}
+			back := make([]byte, tc.n)
+			get, err := from.IGet(b.Addr(), reg.Mem, uint64(tc.off), [][]byte{back}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := from.Wait(ctx, get); err != nil {
+				t.Fatalf("get %d bytes at %d: %v", tc.n, tc.off, err)
+			}
+			if !bytes.Equal(back, data) {
+				t.Fatalf("get %d bytes at %d: data differs", tc.n, tc.off)
+			}
+		}
+	}
+	if got := a.Counters(); got.Gets == 0 || got.Puts == 0 {
+		t.Errorf("counters: %+v", got)
+	}
+}
+
+// testRefusals checks that the target refuses a wrong key, an unknown
+// region and an access beyond the region, with BadRegion, and counts them.
+func testRefusals(t *testing.T, w world) {
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 20*time.Second)
+	target := make([]byte, 64<<10)
+	reg, err := b.Register(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Deregister(reg)
+	wrongKey := reg.Mem
+	wrongKey.Key ^= 1
+	unknown := reg.Mem
+	unknown.Region ^= 0x5a5a0000
+	tooLong := reg.Mem
+	tooLong.Len = 1 << 30 // the local check passes; the target's does not
+	before := b.Counters().RegionRefused
+	buf := [][]byte{make([]byte, 3000)}
+	cases := []struct {
+		name string
+		m    msglayer.RemoteMem
+		off  uint64
+	}{{"wrong key", wrongKey, 0}, {"unknown region", unknown, 0}, {"beyond the region", tooLong, 63 << 10}}
+	for _, c := range cases {
+		for _, op := range []string{"get", "put"} {
+			var r msglayer.Request
+			if op == "get" {
+				r, err = a.IGet(b.Addr(), c.m, c.off, buf, nil)
+			} else {
+				r, err = a.IPut(b.Addr(), c.m, c.off, buf, nil)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Wait(ctx, r); !errors.Is(err, msglayer.ErrBadRegion) {
+				t.Fatalf("%s, %s: %v, want ErrBadRegion", op, c.name, err)
+			}
+		}
+	}
+	if got := b.Counters().RegionRefused - before; got < uint64(2*len(cases)) {
+		t.Errorf("target counted %d refusals, want at least %d", got, 2*len(cases))
+	}
+	if _, err := a.IGet(b.Addr(), reg.Mem, 64<<10-10, buf, nil); err == nil {
+		t.Error("a get beyond the remote buffer was not refused locally")
+	}
+	// Explicit invalidation: the region is gone at once.
+	b.Invalidate(target)
+	r, _ := a.IGet(b.Addr(), reg.Mem, 0, buf, nil)
+	if _, err := a.Wait(ctx, r); !errors.Is(err, msglayer.ErrBadRegion) {
+		t.Fatalf("get after Invalidate: %v, want ErrBadRegion", err)
+	}
+}
+
+// testUnmap registers memory mapped with regcache.Map; after Unmap a
+// peer's Get on the old region is refused, never a crash.
+func testUnmap(t *testing.T, w world) {
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 20*time.Second)
+	mem, err := regcache.Map(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(mem, message(7, len(mem)))
+	reg, err := b.Register(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, len(mem))
+	r, _ := a.IGet(b.Addr(), reg.Mem, 0, [][]byte{back}, nil)
+	if _, err := a.Wait(ctx, r); err != nil || !bytes.Equal(back, mem) {
+		t.Fatalf("get of mapped memory: %v", err)
+	}
+	if err := regcache.Unmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		r, _ := a.IGet(b.Addr(), reg.Mem, 0, [][]byte{back}, nil)
+		if _, err := a.Wait(ctx, r); !errors.Is(err, msglayer.ErrBadRegion) {
+			t.Fatalf("get after unmap: %v, want ErrBadRegion", err)
+		}
+	}
+	b.Deregister(reg)
+}
