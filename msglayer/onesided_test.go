@@ -48,6 +48,10 @@ func testPutGet(t *testing.T, w world) {
 			if st, err := from.Wait(ctx, put); err != nil || st.XferLen != tc.n {
 				t.Fatalf("put %d bytes at %d: %+v, %v", tc.n, tc.off, st, err)
 			}
+			// The target's engine wrote its memory under its lock; an
+			// application learns of a Put through its endpoint, which
+			// orders the write before its reads (as Counters does here).
+			b.Counters()
 			if !bytes.Equal(target[tc.off:tc.off+tc.n], data) {
 				t.Fatalf("put %d bytes at %d: target memory differs", tc.n, tc.off)
 			}
