@@ -63,10 +63,10 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 		e.complete(r, BadKey)
 	default:
 		p := e.peerFor(a)
-		p.local, p.connected, p.dead = t, true, false
+		p.local, p.connected, p.dead, p.mtu = t, true, false, e.eng.mtu
 		p.remoteSession = t.session
 		tp := t.peerFor(e.addr)
-		tp.local, tp.connected, tp.dead = e, true, false
+		tp.local, tp.connected, tp.dead, tp.mtu = e, true, false, e.eng.mtu
 		tp.remoteSession = e.session
 		e.complete(r, Success)
 	}
@@ -80,7 +80,7 @@ func (e *Endpoint) sendConnect(r *request, now int64) {
 	b := g.scratchBuf()
 	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session}
 	th := putHeader(b, r.connAddr.MAC[:], g.mac[:], g.ethType, &h)
-	putU32U32(th, r.connKey, r.connID)
+	putConnect(th, r.connKey, r.connID, g.mtu)
 	g.queue(b[:frameLen(tConnect, 0)], nil)
 	r.connNext = now + int64(e.cfg.ConnectRetry)
 	e.arm(nil, r.connNext)

@@ -565,3 +565,17 @@ func checkSegs(segs [][]byte) (int, error) {
 
 // Context helpers: a context that never ends, without allocation.
 var background = context.Background()
+
+// LinkMTU is the MTU of the endpoint's link.
+func (e *Endpoint) LinkMTU() int { return e.eng.mtu }
+
+// PeerMTU is the MTU of frames to a connected peer: the smaller of both
+// links' MTUs, negotiated at connect (0 if a is not a peer).
+func (e *Endpoint) PeerMTU(a Addr) int {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	if p := e.peers[a]; p != nil {
+		return p.mtuOr(e.eng.mtu)
+	}
+	return 0
+}

@@ -327,8 +327,8 @@ func (g *engine) nackNoEndpoint(f []byte, h *header) {
 		out.typ = tConnectReply
 		th := putHeader(b, f[6:12], g.mac[:], g.ethType, &out)
 		th0, _ := typeHdr(f, h)
-		connID := binary.BigEndian.Uint32(th0[4:])
-		putU32U8(th, connID, uint8(BadEndpoint))
+		_, connID, _ := getConnect(th0)
+		putConnReply(th, connID, BadEndpoint, g.mtu)
 		g.queue(b[:frameLen(tConnectReply, 0)], nil)
 		return
 	}

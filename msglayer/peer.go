@@ -14,6 +14,7 @@ type peer struct {
 	connected     bool      // a connect succeeded (or the peer connected to us)
 	dead          bool      // retransmissions gave up: sends fail until a new connect
 	local         *Endpoint // same-process endpoint: messages skip the NIC
+	mtu           int       // frames to the peer: the smaller of both MTUs
 	active        bool      // in ep.active: has timers to run
 
 	// Send side: frames nextSeq-acked in flight, in the window.

@@ -41,7 +41,7 @@ func (e *Endpoint) startPull(r *request, p *peer, rndvID, total uint32, now int6
 		peer:         p,
 		rndvID:       rndvID,
 		total:        total,
-		frameBytes:   uint32(e.pullPayload()),
+		frameBytes:   uint32(p.pullPayload()),
 		lastProgress: now,
 		blocks:       make([]pullBlock, e.cfg.PullBlocks),
 	}
@@ -103,7 +103,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 	req.decode(th)
 	fb := req.frameBytes
 	end := uint64(req.offset) + uint64(req.length)
-	if fb == 0 || fb > uint32(e.pullPayload()) {
+	if fb == 0 || fb > uint32(e.maxPullPayload()) {
 		e.stats.BadFrames++
 		return
 	}

@@ -104,7 +104,7 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
-	key, connID := getU32U32(th)
+	key, connID, mtu := getConnect(th)
 	code := Success
 	if key != e.cfg.Key {
 		code = BadKey
@@ -116,13 +116,14 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 		}
 		p.remoteSession = h.srcSession
 		p.connected, p.dead, p.local = true, false, nil
+		p.mtu = negotiateMTU(e.eng.mtu, mtu)
 		p.lastHeard = now
 	}
 	g := e.eng
 	b := g.scratchBuf()
 	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
 	rt := putHeader(b, src.MAC[:], g.mac[:], g.ethType, &out)
-	putU32U8(rt, connID, uint8(code))
+	putConnReply(rt, connID, code, g.mtu)
 	g.queue(b[:frameLen(tConnectReply, 0)], nil)
 }
 
@@ -130,22 +131,23 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
-	connID, code := getU32U8(th)
+	connID, code, mtu := getConnReply(th)
 	for i, r := range e.connects {
 		if r.connID != connID || r.connAddr != src {
 			continue
 		}
 		e.connects = append(e.connects[:i], e.connects[i+1:]...)
-		if Code(code) == Success {
+		if code == Success {
 			p := e.peerFor(src)
 			if p.remoteSession != 0 && p.remoteSession != h.srcSession {
 				p.reset(BadSession)
 			}
 			p.remoteSession = h.srcSession
 			p.connected, p.dead, p.local = true, false, nil
+			p.mtu = negotiateMTU(e.eng.mtu, mtu)
 			p.lastHeard = now
 		}
-		e.complete(r, Code(code))
+		e.complete(r, code)
 		return
 	}
 }
@@ -570,4 +572,13 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 		s.last = seq == first
 	}
 	p.retransmit(&p.win[first%w], now)
+}
+
+// negotiateMTU is the MTU of frames to a peer: the smaller of ours and its
+// (a peer that did not say is assumed to have ours).
+func negotiateMTU(ours, theirs int) int {
+	if theirs < 576 {
+		return ours
+	}
+	return min(ours, theirs)
 }

@@ -1,10 +1,20 @@
 package msglayer
 
-// eagerPayload is the data one eager frame carries.
-func (e *Endpoint) eagerPayload() int { return e.eng.mtu - commonLen - eagerHdrLen }
+// eagerPayload is the data one eager frame to p carries.
+func (p *peer) eagerPayload() int { return p.mtuOr(p.ep.eng.mtu) - commonLen - eagerHdrLen }
 
-// pullPayload is the data one pull reply carries.
-func (e *Endpoint) pullPayload() int { return e.eng.mtu - commonLen - pullReplyHdrLen }
+// pullPayload is the data one pull reply from p carries.
+func (p *peer) pullPayload() int { return p.mtuOr(p.ep.eng.mtu) - commonLen - pullReplyHdrLen }
+
+func (p *peer) mtuOr(def int) int {
+	if p.mtu == 0 {
+		return def
+	}
+	return p.mtu
+}
+
+// maxPullPayload is the most data one pull reply we send may carry.
+func (e *Endpoint) maxPullPayload() int { return e.eng.mtu - commonLen - pullReplyHdrLen }
 
 // frameMessage frames as much of a queued message (send or notify) as the
 // window allows and reports whether it is fully framed.
@@ -49,7 +59,7 @@ func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
 		p.sendReliable(s, h, frameLen(tRndv, 0), r, true, true, now)
 		return true
 	}
-	maxPay := e.eagerPayload()
+	maxPay := p.eagerPayload()
 	for {
 		s := p.nextSlot()
 		if s == nil {
@@ -103,7 +113,7 @@ func (e *Endpoint) sendLocal(p *peer, r *request, now int64) {
 		return
 	}
 	var data []byte
-	if len(r.segs) == 1 && r.length <= e.eagerPayload() {
+	if len(r.segs) == 1 && r.length <= p.eagerPayload() {
 		data = r.segs[0]
 	}
 	act, ok := t.callHandler(tp, r.match, r.length, data)

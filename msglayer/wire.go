@@ -80,8 +80,8 @@ const (
 	pullReqHdrLen    = 40 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32, key u64, base u64
 	putHdrLen        = 32 // region u32, putID u32, key u64, offset u64, length u32, pad u32
 	pullReplyHdrLen  = 8  // pullID u32, offset u32
-	connectHdrLen    = 8  // key u32, connectID u32
-	connReplyHdrLen  = 8  // connectID u32, code u8, pad[3]
+	connectHdrLen    = 12 // key u32, connectID u32, mtu u16, pad u16
+	connReplyHdrLen  = 12 // connectID u32, code u8, pad[3], mtu u16, pad u16
 	hostHdrLen       = 0  // payload: the host name
 	maxHostNameLen   = 64
 	pullBlockFrames  = 32 // frames per pull block (one bit each in the request mask)
@@ -332,6 +332,31 @@ func putU32U8(b []byte, v uint32, c uint8) {
 }
 
 func getU32U8(b []byte) (uint32, uint8) { return binary.BigEndian.Uint32(b[0:]), b[4] }
+
+// Connect and its reply carry the sender's MTU: frames to a peer are sized
+// for the smaller of the two, so a jumbo host and a 1500-byte host talk.
+
+func putConnect(b []byte, key, connID uint32, mtu int) {
+	putU32U32(b, key, connID)
+	binary.BigEndian.PutUint16(b[8:], uint16(min(mtu, 0xffff)))
+	b[10], b[11] = 0, 0
+}
+
+func getConnect(b []byte) (key, connID uint32, mtu int) {
+	key, connID = getU32U32(b)
+	return key, connID, int(binary.BigEndian.Uint16(b[8:]))
+}
+
+func putConnReply(b []byte, connID uint32, code Code, mtu int) {
+	putU32U8(b, connID, uint8(code))
+	binary.BigEndian.PutUint16(b[8:], uint16(min(mtu, 0xffff)))
+	b[10], b[11] = 0, 0
+}
+
+func getConnReply(b []byte) (connID uint32, code Code, mtu int) {
+	connID, c := getU32U8(b)
+	return connID, Code(c), int(binary.BigEndian.Uint16(b[8:]))
+}
 
 func putU32U32(b []byte, x, y uint32) {
 	binary.BigEndian.PutUint32(b[0:], x)
