@@ -196,17 +196,11 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 	if err != nil {
 		return Request{}, err
 	}
+	p, err := e.lockPeer(dst, "send to")
+	if err != nil {
+		return Request{}, err
+	}
 	g := e.eng
-	g.mu.Lock()
-	if e.closed {
-		g.mu.Unlock()
-		return Request{}, ErrClosed
-	}
-	p := e.peers[dst]
-	if p == nil || (!p.connected && !p.dead) {
-		g.mu.Unlock()
-		return Request{}, fmt.Errorf("msglayer: send to %v: %w", dst, ErrNotConnected)
-	}
 	now := g.clock.Now()
 	r := e.newRequest(kindSend, ctx)
 	r.peer, r.match, r.segs, r.length, r.sync, r.group = p, match, segs, n, sync, grp
@@ -231,6 +225,23 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 	}
 	g.flushAndUnlock()
 	return h, nil
+}
+
+// lockPeer takes the engine lock and returns the connected (or dead) peer
+// at a; on error the lock is not held. op names the operation for the
+// error.
+func (e *Endpoint) lockPeer(a Addr, op string) (*peer, error) {
+	e.eng.mu.Lock()
+	if e.closed {
+		e.eng.mu.Unlock()
+		return nil, ErrClosed
+	}
+	p := e.peers[a]
+	if p == nil || (!p.connected && !p.dead) {
+		e.eng.mu.Unlock()
+		return nil, fmt.Errorf("msglayer: %s %v: %w", op, a, ErrNotConnected)
+	}
+	return p, nil
 }
 
 // newID returns a fresh id for rendezvous, pulls and connects.

@@ -82,17 +82,11 @@ func (e *Endpoint) oneSided(peer Addr, m RemoteMem, off uint64, segs [][]byte, c
 	if off+uint64(n) < off || off+uint64(n) > m.Len {
 		return Request{}, &ArgError{Arg: fmt.Sprintf("offset %d + length %d", off, n), Err: fmt.Errorf("outside the remote buffer of %d bytes", m.Len)}
 	}
+	p, err := e.lockPeer(peer, "one-sided operation with")
+	if err != nil {
+		return Request{}, err
+	}
 	g := e.eng
-	g.mu.Lock()
-	if e.closed {
-		g.mu.Unlock()
-		return Request{}, ErrClosed
-	}
-	p := e.peers[peer]
-	if p == nil || (!p.connected && !p.dead) {
-		g.mu.Unlock()
-		return Request{}, fmt.Errorf("msglayer: one-sided operation with %v: %w", peer, ErrNotConnected)
-	}
 	now := g.clock.Now()
 	r := e.newRequest(kind, ctx)
 	r.peer, r.segs, r.length = p, segs, n
