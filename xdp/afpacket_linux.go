@@ -100,6 +100,10 @@ type AFPacketLink struct {
 	rxIov  []unix.Iovec
 	rxPoll [3]unix.PollFd // socket POLLIN, eventfd POLLIN, wake eventfd POLLIN
 	rxTs   unix.Timespec  // poll timeout of a bounded Recv
+	// rxVisit holds Batch receive slots of rxSlot bytes into which RecvVisit
+	// receives and where it shows the frames; allocated by the first
+	// RecvVisit.
+	rxVisit []byte
 
 	// txMu serialises Send and guards the transmit arrays, laid out like
 	// the receive ones, with txIov[i].Base pointing at the caller's frames
@@ -109,6 +113,9 @@ type AFPacketLink struct {
 	txIov  []unix.Iovec
 	txPoll [2]unix.PollFd // socket POLLOUT, eventfd POLLIN
 	txTs   unix.Timespec  // poll timeout of a Send waiting for room
+	// txBuild holds Batch frames of MaxFrameLen bytes, where SendBuilt has
+	// them built before one sendmmsg; allocated by the first SendBuilt.
+	txBuild []byte
 
 	// statsMu guards rxDropped, the sum of the PACKET_STATISTICS tp_drops
 	// read so far (the getsockopt resets the kernel counters), and the use
@@ -125,8 +132,10 @@ type AFPacketLink struct {
 }
 
 var (
-	_ Link  = (*AFPacketLink)(nil)
-	_ Waker = (*AFPacketLink)(nil)
+	_ Link         = (*AFPacketLink)(nil)
+	_ Waker        = (*AFPacketLink)(nil)
+	_ FrameBuilder = (*AFPacketLink)(nil)
+	_ FrameVisitor = (*AFPacketLink)(nil)
 )
 
 // OpenAFPacket opens an AF_PACKET link on cfg.Interface. It needs
@@ -385,6 +394,50 @@ func (l *AFPacketLink) Send(frames [][]byte) (int, error) {
 	return sent, nil
 }
 
+// SendBuilt implements [FrameBuilder]. Up to Batch frames at a time are
+// built in the link's own buffers, which the iovecs of one sendmmsg point
+// at: the kernel copies them from there, as it copies the caller's frames
+// for Send. Waits, errors and counters are those of Send.
+func (l *AFPacketLink) SendBuilt(n int, b Builder) (int, error) {
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	if l.closed.Load() {
+		return 0, l.opErr("send", net.ErrClosed)
+	}
+	if b == nil {
+		return 0, l.opErr("send", errNilBuilder)
+	}
+	maxLen := l.mtu + EthHeaderLen
+	if n > 0 && l.txBuild == nil {
+		l.txBuild = make([]byte, l.batch*maxLen)
+	}
+	sent := 0
+	for sent < n {
+		k := 0
+		var bad error
+		for k < l.batch && sent+k < n {
+			buf := l.txBuild[k*maxLen : (k+1)*maxLen : (k+1)*maxLen]
+			size := b.Build(sent+k, buf)
+			if err := checkBuilt(size, maxLen); err != nil {
+				bad = err
+				break
+			}
+			l.txIov[k].Base = unsafe.SliceData(buf)
+			l.txIov[k].SetLen(size)
+			k++
+		}
+		m, err := l.sendBatch(k)
+		sent += m
+		if err != nil {
+			return sent, err
+		}
+		if bad != nil {
+			return sent, l.opErr("send", bad)
+		}
+	}
+	return sent, nil
+}
+
 // sendBatch sends txMsgs[:k] and returns how many went; it returns fewer
 // only with an error. The caller holds txMu.
 func (l *AFPacketLink) sendBatch(k int) (int, error) {
@@ -493,6 +546,63 @@ func (l *AFPacketLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (
 	l.rxBytes.Add(bytes)
 	if trunc > 0 {
 		l.rxTruncated.Add(trunc)
+	}
+	return r, nil
+}
+
+// rxSlot is the size of one RecvVisit receive slot: MaxFrameLen rounded up
+// to 64 bytes (room for a VLAN tag the interface lets through).
+func (l *AFPacketLink) rxSlot() int {
+	return (l.mtu + EthHeaderLen + 4 + 63) &^ 63
+}
+
+// RecvVisit implements [FrameVisitor]: up to min(max, Batch) frames are
+// received with recvmmsg into the link's own buffers and shown to v there.
+// A frame longer than its slot (MaxFrameLen plus at least 4 bytes, which an
+// interface of this MTU does not deliver) is shown truncated and counted in
+// Stats.RxTruncated.
+func (l *AFPacketLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, error) {
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	if l.closed.Load() {
+		return 0, l.opErr("recv", net.ErrClosed)
+	}
+	if v == nil {
+		return 0, l.opErr("recv", errNilVisitor)
+	}
+	n := min(max, l.batch)
+	if n <= 0 {
+		return 0, nil
+	}
+	slot := l.rxSlot()
+	if l.rxVisit == nil {
+		l.rxVisit = make([]byte, l.batch*slot)
+	}
+	for i := range n {
+		l.rxIov[i].Base = &l.rxVisit[i*slot]
+		l.rxIov[i].SetLen(slot)
+	}
+	r, err := l.recvLocked(n, timeout)
+	if r == 0 {
+		return 0, err
+	}
+	var bytes, trunc uint64
+	for i := range r {
+		m := &l.rxMsgs[i]
+		if m.Hdr.Flags&unix.MSG_TRUNC != 0 || int(m.Len) > slot {
+			trunc++
+		}
+		bytes += uint64(min(int(m.Len), slot))
+	}
+	l.rxFrames.Add(uint64(r))
+	l.rxBytes.Add(bytes)
+	if trunc > 0 {
+		l.rxTruncated.Add(trunc)
+	}
+	for i := range r {
+		off := i * slot
+		end := off + min(int(l.rxMsgs[i].Len), slot)
+		v.Visit(l.rxVisit[off:end:end])
 	}
 	return r, nil
 }

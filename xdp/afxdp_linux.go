@@ -82,8 +82,9 @@ type AFXDPConfig struct {
 // The UMEM is split in two fixed halves. Receive frames live on the fill
 // ring, are handed back by the kernel on the RX ring, copied out by Recv and
 // returned to the fill ring at once; they belong to the receive side. Send
-// frames wait on txFree, are copied into by Send, go out on the TX ring and
-// come back on the completion ring; they belong to the send side. The two
+// frames wait on txFree (in slots, below), are copied into by Send, go out
+// on the TX ring and come back on the completion ring; they belong to the
+// send side. The two
 // sides share no mutable state but the counters, so Send and Recv run
 // concurrently without contention.
 //
@@ -93,6 +94,19 @@ type AFXDPConfig struct {
 // of a received packet goes back to the fill ring when Recv consumes the
 // packet, every UMEM frame of a sent one comes back on the completion ring
 // by itself. A packet is only ever consumed, or queued, whole.
+//
+// The send half is handed out in slots of txDescs(MaxFrameLen) adjacent
+// UMEM frames, one slot per packet whatever its length: a single frame
+// without multi-buffer, a run of frames with it (three of 4096 bytes at MTU
+// 9000), so that a packet is contiguous in the UMEM and SendBuilt can have
+// it built in place. txFree holds the idle slots; a slot of several frames
+// is idle again once every descriptor of its packet has completed
+// (txPending counts them).
+//
+// SendBuilt and RecvVisit (FrameBuilder, FrameVisitor; afxdp_build_linux.go)
+// skip the copies: the caller builds frames in idle send slots and reads
+// received ones where the kernel put them, under the same locks and with
+// the same ownership as Send and Recv.
 //
 // LOCK ORDERING: closeMu > rxMu, closeMu > txMu.
 type AFXDPLink struct {
@@ -130,6 +144,9 @@ type AFXDPLink struct {
 	rxPoll [3]unix.PollFd // socket, close eventfd, wake eventfd
 	// +checklocks:rxMu
 	rxTimeout unix.Timespec
+	// rxScratch reassembles a multi-buffer packet for RecvVisit.
+	// +checklocks:rxMu
+	rxScratch []byte
 
 	txMu sync.Mutex
 	// +checklocks:txMu
@@ -137,7 +154,13 @@ type AFXDPLink struct {
 	// +checklocks:txMu
 	comp addrRing
 	// +checklocks:txMu
-	txFree []uint64 // UMEM addresses of idle send frames (a stack)
+	txFree []uint64 // UMEM addresses of idle send slots (a stack)
+	// txPending counts the descriptors in flight of each send slot in
+	// multi-buffer mode (nil when a slot is one frame).
+	// +checklocks:txMu
+	txPending []uint8
+	txBase    uint64 // UMEM address of the first send slot
+	txSlot    uint64 // bytes per send slot: txDescs(maxFrame) frames
 	// +checklocks:txMu
 	txPoll [2]unix.PollFd
 
@@ -151,8 +174,10 @@ type AFXDPLink struct {
 }
 
 var (
-	_ Link  = (*AFXDPLink)(nil)
-	_ Waker = (*AFXDPLink)(nil)
+	_ Link         = (*AFXDPLink)(nil)
+	_ Waker        = (*AFXDPLink)(nil)
+	_ FrameBuilder = (*AFXDPLink)(nil)
+	_ FrameVisitor = (*AFXDPLink)(nil)
 )
 
 // bindBusyWait bounds how long bind retries while the queue is still held
@@ -290,9 +315,9 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	}
 	l.fill.cachedProd = size
 	l.fill.submit()
-	l.txFree = make([]uint64, 0, half)
-	for i := cfg.NumFrames - 1; i >= half; i-- {
-		l.txFree = append(l.txFree, uint64(i)*l.frameSize)
+	l.initTxFree(cfg.NumFrames)
+	if l.sg {
+		l.rxScratch = make([]byte, 0, l.maxFrame)
 	}
 
 	if err := l.bind(cfg.Bind); err != nil {
@@ -422,23 +447,30 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 	l.rxMu.Lock()
 	// A busy-polling caller comes here millions of times a second: the
 	// locks are released by hand rather than by defer.
-	n, err := l.recvLocked(bufs, sizes, timeout)
+	n, err := l.recvLocked(bufs, sizes, 0, nil, timeout)
 	l.rxMu.Unlock()
 	l.closeMu.RUnlock()
 	return n, err
 }
 
-// recvLocked is Recv with closeMu held shared and rxMu held.
+// recvLocked is Recv with closeMu held shared and rxMu held; with a
+// visitor v it is RecvVisit, showing up to max frames to v instead of
+// copying them into bufs.
 //
 // +checklocks:l.rxMu
-func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
-
+func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, timeout time.Duration) (int, error) {
 	var deadline time.Time
 	if timeout > 0 {
 		deadline = time.Now().Add(timeout)
 	}
 	for spins := 0; ; spins++ {
-		if n := l.recvReady(bufs, sizes); n > 0 {
+		var n int
+		if v == nil {
+			n = l.recvReady(bufs, sizes)
+		} else {
+			n = l.visitReady(max, v)
+		}
+		if n > 0 {
 			return n, nil
 		}
 		if l.fill.needWakeup() {
@@ -594,10 +626,10 @@ func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
 				bad = err
 				break
 			}
-			// A frame is queued whole or not at all: all its UMEM frames
-			// and TX ring slots are secured first.
+			// A frame is queued whole or not at all: its send slot and
+			// TX ring entries are secured first.
 			nd := l.txDescs(len(f))
-			if nd > len(l.txFree) || l.tx.free(uint32(nd)) < uint32(nd) {
+			if len(l.txFree) == 0 || l.tx.free(uint32(nd)) < uint32(nd) {
 				break
 			}
 			l.queueFrame(f)
@@ -639,32 +671,66 @@ func (l *AFXDPLink) txDescs(n int) int {
 	return (n + fs - 1) / fs
 }
 
-// queueFrame copies f into idle send frames and produces its descriptors
-// (not yet submitted): FrameSize bytes per descriptor, XDP_PKT_CONTD on all
-// but the last. The caller has checked that txFree and the TX ring have room
-// for txDescs(len(f)).
-//
-// +checklocks:l.txMu
-func (l *AFXDPLink) queueFrame(f []byte) {
-	for off := 0; ; {
-		end := min(off+int(l.frameSize), len(f))
-		addr := l.txFree[len(l.txFree)-1]
-		l.txFree = l.txFree[:len(l.txFree)-1]
-		copy(l.umem[addr:addr+l.frameSize], f[off:end])
-		var opts uint32
-		if end < len(f) {
-			opts = unix.XDP_PKT_CONTD
-		}
-		l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: addr, Len: uint32(end - off), Options: opts}
-		l.tx.cachedProd++
-		if end == len(f) {
-			return
-		}
-		off = end
+// initTxFree cuts the send half of a UMEM of numFrames frames into slots
+// and makes them all idle, the lowest address on top. It is called before
+// the link is shared (by OpenAFXDP), or with txMu held.
+func (l *AFXDPLink) initTxFree(numFrames int) {
+	half := numFrames / 2
+	k := l.txDescs(l.maxFrame)
+	l.txBase = uint64(half) * l.frameSize
+	l.txSlot = uint64(k) * l.frameSize
+	slots := (numFrames - half) / k
+	l.txFree = make([]uint64, 0, slots)
+	for i := slots - 1; i >= 0; i-- {
+		l.txFree = append(l.txFree, l.txBase+uint64(i)*l.txSlot)
+	}
+	l.txPending = nil
+	if k > 1 {
+		l.txPending = make([]uint8, slots)
 	}
 }
 
-// reclaim moves completed send frames back to txFree.
+// queueFrame copies f into an idle send slot and produces its descriptors
+// (not yet submitted). The caller has checked that txFree has a slot and the
+// TX ring room for txDescs(len(f)) descriptors.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) queueFrame(f []byte) {
+	base := l.txFree[len(l.txFree)-1]
+	copy(l.umem[base:base+l.txSlot], f)
+	l.queueSlot(base, len(f))
+}
+
+// queueSlot takes the idle send slot at base off the top of txFree and
+// produces the descriptors of the size-byte frame written there (not yet
+// submitted): FrameSize bytes per descriptor, in consecutive UMEM frames,
+// XDP_PKT_CONTD on all but the last.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) queueSlot(base uint64, size int) {
+	l.txFree = l.txFree[:len(l.txFree)-1]
+	fs := int(l.frameSize)
+	nd := 0
+	for off := 0; ; off += fs {
+		end := min(off+fs, size)
+		var opts uint32
+		if end < size {
+			opts = unix.XDP_PKT_CONTD
+		}
+		l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: base + uint64(off), Len: uint32(end - off), Options: opts}
+		l.tx.cachedProd++
+		nd++
+		if end == size {
+			break
+		}
+	}
+	if l.txPending != nil {
+		l.txPending[(base-l.txBase)/l.txSlot] = uint8(nd)
+	}
+}
+
+// reclaim gives the send slots whose descriptors have all completed back to
+// txFree.
 //
 // +checklocks:l.txMu
 func (l *AFXDPLink) reclaim() {
@@ -673,8 +739,23 @@ func (l *AFXDPLink) reclaim() {
 		return
 	}
 	for i := uint32(0); i < n; i++ {
-		l.txFree = append(l.txFree, l.comp.addrs[l.comp.cachedCons&l.comp.mask]&^(l.frameSize-1))
+		addr := l.comp.addrs[l.comp.cachedCons&l.comp.mask] &^ (l.frameSize - 1)
 		l.comp.cachedCons++
+		if l.txPending == nil {
+			l.txFree = append(l.txFree, addr)
+			continue
+		}
+		// Multi-buffer: the slot is idle once its last descriptor is back.
+		// An address that is no send frame, or a slot with nothing in
+		// flight, can only come from a corrupted ring: ignore it.
+		slot := (addr - l.txBase) / l.txSlot
+		if addr < l.txBase || slot >= uint64(len(l.txPending)) || l.txPending[slot] == 0 {
+			continue
+		}
+		l.txPending[slot]--
+		if l.txPending[slot] == 0 {
+			l.txFree = append(l.txFree, l.txBase+slot*l.txSlot)
+		}
 	}
 	l.comp.release()
 }
@@ -821,6 +902,7 @@ func (l *AFXDPLink) Close() error {
 	l.rxMu.Lock()
 	note("unmap RX ring", l.rx.unmap())
 	note("unmap fill ring", l.fill.unmap())
+	l.rxScratch = nil
 	l.rxMu.Unlock()
 	l.txMu.Lock()
 	note("unmap TX ring", l.tx.unmap())

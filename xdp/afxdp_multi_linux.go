@@ -18,7 +18,13 @@ import (
 // the queue chosen by its destination address, so frames to one peer leave
 // through one socket and stay in order.
 //
-// LOCK ORDERING: rxMu > the queue links' own locks.
+// SendBuilt builds each frame in the UMEM of the queue the previous frame
+// went to; a frame that turns out to be bound for another queue (its
+// destination decides, as for Send) is copied to that queue, which is where
+// the following frames are then built.
+//
+// LOCK ORDERING: rxMu > the queue links' own locks; txMu > the queue links'
+// own locks.
 type AFXDPMultiLink struct {
 	links []*AFXDPLink
 	spin  bool
@@ -36,11 +42,24 @@ type AFXDPMultiLink struct {
 	pollFds []unix.PollFd // every socket, then every close eventfd, then wk's
 	// +checklocks:rxMu
 	ts unix.Timespec
+
+	// txMu serialises SendBuilt.
+	txMu sync.Mutex
+	// +checklocks:txMu
+	txQ int // queue index where SendBuilt builds the next frame
+	// spill holds a frame SendBuilt built on the wrong queue (MaxFrameLen
+	// bytes; nil with one queue).
+	// +checklocks:txMu
+	spill []byte
+	// +checklocks:txMu
+	spillFrames [1][]byte
 }
 
 var (
-	_ Link  = (*AFXDPMultiLink)(nil)
-	_ Waker = (*AFXDPMultiLink)(nil)
+	_ Link         = (*AFXDPMultiLink)(nil)
+	_ Waker        = (*AFXDPMultiLink)(nil)
+	_ FrameBuilder = (*AFXDPMultiLink)(nil)
+	_ FrameVisitor = (*AFXDPMultiLink)(nil)
 )
 
 // OpenAFXDPQueues opens one AF_XDP socket on each of the given queues of
@@ -77,6 +96,9 @@ func OpenAFXDPQueues(cfg AFXDPConfig, queues []int) (*AFXDPMultiLink, error) {
 		return nil, &OpError{Op: "create eventfd", Interface: cfg.Interface, Err: err}
 	}
 	m.pollFds = append(m.pollFds, unix.PollFd{Fd: int32(m.wk.fd), Events: unix.POLLIN})
+	if len(m.links) > 1 {
+		m.spill = make([]byte, m.links[0].maxFrame)
+	}
 	return m, nil
 }
 
@@ -131,13 +153,66 @@ func (m *AFXDPMultiLink) Send(frames [][]byte) (int, error) {
 	return sent, nil
 }
 
+// SendBuilt implements FrameBuilder: frames are built in place in the UMEM
+// of one queue, and copied only when they turn out to be bound for another
+// (see AFXDPMultiLink).
+func (m *AFXDPMultiLink) SendBuilt(n int, b Builder) (int, error) {
+	if len(m.links) == 1 {
+		return m.links[0].SendBuilt(n, b)
+	}
+	if b == nil {
+		return 0, &OpError{Op: "send", Interface: m.links[0].ifname, Err: errNilBuilder}
+	}
+	m.txMu.Lock()
+	defer m.txMu.Unlock()
+	sent := 0
+	for sent < n {
+		next, spilled, err := m.links[m.txQ].sendBuiltRouted(sent, n, b, m, m.txQ)
+		sent = next
+		if err != nil || spilled == 0 {
+			return sent, err
+		}
+		f := m.spill[:spilled]
+		q := m.queueFor(f)
+		m.spillFrames[0] = f
+		k, err := m.links[q].Send(m.spillFrames[:])
+		m.spillFrames[0] = nil
+		sent += k
+		if err != nil {
+			return sent, err
+		}
+		m.txQ = q
+	}
+	return sent, nil
+}
+
 // Recv implements Link: it takes what every queue has ready, starting with
 // a different queue each call, and waits on all of them when none has any.
 func (m *AFXDPMultiLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
+	return m.recv(bufs, sizes, 0, nil, timeout)
+}
+
+// RecvVisit implements FrameVisitor, gathering from the queues as Recv does.
+func (m *AFXDPMultiLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, error) {
+	if v == nil {
+		return 0, &OpError{Op: "recv", Interface: m.links[0].ifname, Err: errNilVisitor}
+	}
+	return m.recv(nil, nil, max, v, timeout)
+}
+
+// recv is Recv, or with a visitor v RecvVisit of up to max frames.
+func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, timeout time.Duration) (int, error) {
 	m.closeMu.RLock()
 	defer m.closeMu.RUnlock()
 	if m.closed.Load() {
 		return 0, m.links[0].closedErr("recv")
+	}
+	limit := len(bufs)
+	if v != nil {
+		if max <= 0 {
+			return 0, nil
+		}
+		limit = max
 	}
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
@@ -148,11 +223,17 @@ func (m *AFXDPMultiLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration)
 	for spins := 0; ; spins++ {
 		got := 0
 		for i := range m.links {
-			if got == len(bufs) {
+			if got == limit {
 				break
 			}
 			l := m.links[(m.next+i)%len(m.links)]
-			n, err := l.Recv(bufs[got:], sizes[got:], 0)
+			var n int
+			var err error
+			if v == nil {
+				n, err = l.Recv(bufs[got:], sizes[got:], 0)
+			} else {
+				n, err = l.RecvVisit(limit-got, 0, v)
+			}
 			if err != nil {
 				return got, err
 			}

@@ -23,7 +23,7 @@ func fakeRing(r *ring, size uint32) {
 
 // fakeLink is an AF_XDP link without a socket: UMEM and rings in Go memory,
 // the receive half of the UMEM on the fill ring as OpenAFXDP leaves it.
-func fakeLink(t *testing.T, frameSize, numFrames int, sg bool) *AFXDPLink {
+func fakeLink(t testing.TB, frameSize, numFrames int, sg bool) *AFXDPLink {
 	t.Helper()
 	half := uint32(numFrames / 2)
 	l := &AFXDPLink{
@@ -57,9 +57,7 @@ func fakeLink(t *testing.T, frameSize, numFrames int, sg bool) *AFXDPLink {
 	l.fill.submit()
 	l.tx.cachedCons = half // producer side: consumer + size
 	l.fill.cachedCons = half
-	for i := numFrames - 1; i >= int(half); i-- {
-		l.txFree = append(l.txFree, uint64(i)*l.frameSize)
-	}
+	l.initTxFree(numFrames)
 	return l
 }
 
@@ -220,10 +218,10 @@ func TestSGSendSplitsWholeFrames(t *testing.T) {
 		t.Fatal("fragments do not reassemble to the frame sent")
 	}
 
-	// Two idle send frames left: a small frame goes, the jumbo one does not
+	// One idle send slot left: a small frame goes, the jumbo one does not
 	// go in part; Send stalls without producing any of its descriptors.
 	l.txMu.Lock()
-	l.txFree = l.txFree[:2]
+	l.txFree = l.txFree[:1]
 	l.txMu.Unlock()
 	prod := *l.tx.producer
 	n, err := l.Send([][]byte{pattern(100, 6), f})
@@ -233,7 +231,8 @@ func TestSGSendSplitsWholeFrames(t *testing.T) {
 	if got := *l.tx.producer - prod; got != 1 || l.tx.descs[prod&l.tx.mask].Len != 100 {
 		t.Fatalf("%d descriptors produced, want only the small frame's", got)
 	}
-	// Completions give the frames back; then the jumbo frame goes whole.
+	// Completions give the first frame's slot back; then the jumbo frame
+	// goes whole.
 	for i := uint32(0); i < 3; i++ {
 		l.comp.addrs[i] = l.tx.descs[i].Addr
 	}

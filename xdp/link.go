@@ -81,6 +81,78 @@ type Waker interface {
 	Wake()
 }
 
+// FrameBuilder is implemented by links that let the caller write frames
+// directly into transmit memory (the UMEM for AF_XDP), saving the copy Send
+// makes. Every link of this package implements it.
+//
+// Calls of SendBuilt are serialised with each other and with Send, and hold
+// the link's send lock while Build runs: Build must not call back into the
+// link (Send or SendBuilt would deadlock). Close may be called at any time,
+// as with Send.
+type FrameBuilder interface {
+	// SendBuilt sends n frames, each written in place by b.Build(i, buf):
+	// buf is link memory of MaxFrameLen bytes (len and cap; its contents
+	// are whatever an earlier frame left there) and Build returns the
+	// frame's length. Frames go out in order i = 0..n-1. SendBuilt waits
+	// for transmit space like Send and returns how many frames it sent; its
+	// errors are those of Send. A frame whose length is below EthHeaderLen
+	// (ErrFrameTooShort) or above MaxFrameLen (ErrFrameTooLong) is not sent
+	// and SendBuilt stops there. buf must not be retained after Build
+	// returns. Build is not called for frames SendBuilt does not reach
+	// (after an error, or once the link is closed). n <= 0 sends nothing;
+	// a nil b is refused with an error.
+	SendBuilt(n int, b Builder) (int, error)
+}
+
+// Builder writes frame i of a SendBuilt call into buf and returns its
+// length. It is an interface rather than a func so that a pointer to a
+// long-lived value can be passed without a heap allocation.
+type Builder interface {
+	Build(i int, buf []byte) int
+}
+
+// FrameVisitor is implemented by links that let the caller read received
+// frames in place (in the UMEM for AF_XDP), saving the copy Recv makes.
+// Every link of this package implements it.
+//
+// Calls of RecvVisit are serialised with each other and with Recv, and hold
+// the link's receive lock while Visit runs: Visit must not call back into
+// the link (Recv or RecvVisit would deadlock) and should be quick, since
+// the frames it is shown stay out of the link's receive ring until the
+// call returns. Close may be called at any time: a frame being visited
+// stays valid until Visit returns.
+type FrameVisitor interface {
+	// RecvVisit waits like Recv (the timeout semantics are identical, and
+	// so are Wake and Close: a RecvVisit blocked when the link is closed
+	// returns net.ErrClosed), calls v.Visit(frame) for each of up to max
+	// received frames, in the order Recv would return them, and returns
+	// their number. frame is link memory valid only during the call: it
+	// must not be retained. Truncation does not apply: the visitor sees the
+	// whole frame. max <= 0 returns 0, nil at once (after the closed
+	// check); a nil v is refused with an error. The counters move as for
+	// Recv (RxFrames, RxBytes with each frame's whole length).
+	RecvVisit(max int, timeout time.Duration, v Visitor) (int, error)
+}
+
+// Visitor is shown received frames by RecvVisit, one call per frame. It is
+// an interface rather than a func so that a pointer to a long-lived value
+// can be passed without a heap allocation.
+type Visitor interface {
+	Visit(frame []byte)
+}
+
+// checkBuilt validates the length Build returned for a frame written into
+// a buffer of maxLen bytes.
+func checkBuilt(n, maxLen int) error {
+	if n < EthHeaderLen {
+		return ErrFrameTooShort
+	}
+	if n > maxLen {
+		return ErrFrameTooLong
+	}
+	return nil
+}
+
 // MaxFrameLen is the longest frame (Ethernet header included) l carries.
 func MaxFrameLen(l Link) int { return l.MTU() + EthHeaderLen }
 

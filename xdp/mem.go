@@ -373,9 +373,10 @@ type MemLink struct {
 	sendMu sync.Mutex
 	rng    *rand.Rand // fault-knob draws for the frames this link sends
 
-	// recvMu serialises Recv and guards timer.
+	// recvMu serialises Recv and RecvVisit and guards timer and visitQ.
 	recvMu sync.Mutex
 	timer  *time.Timer // wakes Recv at its deadline or the earliest due frame
+	visitQ []*memFrame // frames RecvVisit took off q and shows to its visitor
 
 	// mu guards the receive queue below. Senders (Sends of the other links)
 	// fill it; Recv empties it; Close discards it.
@@ -389,8 +390,10 @@ type MemLink struct {
 }
 
 var (
-	_ Link  = (*MemLink)(nil)
-	_ Waker = (*MemLink)(nil)
+	_ Link         = (*MemLink)(nil)
+	_ Waker        = (*MemLink)(nil)
+	_ FrameBuilder = (*MemLink)(nil)
+	_ FrameVisitor = (*MemLink)(nil)
 )
 
 // Wake implements Waker.
@@ -446,11 +449,11 @@ func (l *MemLink) Send(frames [][]byte) (int, error) {
 		if f[0]&1 != 0 {
 			for _, r := range ports.links {
 				if r != l {
-					l.deliver(r, f, c, now)
+					l.deliver(r, f, c, now, nil)
 				}
 			}
 		} else if r := ports.byMAC[[6]byte(f[:6])]; r != nil && r != l {
-			l.deliver(r, f, c, now)
+			l.deliver(r, f, c, now, nil)
 		}
 		n++
 		txBytes += uint64(len(f))
@@ -458,15 +461,91 @@ func (l *MemLink) Send(frames [][]byte) (int, error) {
 	return n, nil
 }
 
+// SendBuilt implements [FrameBuilder]: each frame is built in a frame
+// buffer of the hub's pool, which is queued as it is for its receiver (a
+// broadcast frame is copied for every receiver but the last). Otherwise it
+// behaves as Send.
+func (l *MemLink) SendBuilt(n int, b Builder) (int, error) {
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	if l.closed.Load() {
+		return 0, l.opErr("send", net.ErrClosed)
+	}
+	if b == nil {
+		return 0, l.opErr("send", errNilBuilder)
+	}
+	h := l.hub
+	c := h.cfg.Load()
+	ports := h.ports.Load()
+	maxLen := h.mtu + EthHeaderLen
+	var txBytes uint64
+	sent := 0
+	defer func() {
+		l.stats.txFrames.Add(uint64(sent))
+		l.stats.txBytes.Add(txBytes)
+	}()
+	for i := 0; i < n; i++ {
+		if l.closed.Load() {
+			return sent, l.opErr("send", net.ErrClosed)
+		}
+		f := h.pool.Get().(*memFrame)
+		if cap(f.buf) < maxLen {
+			f.buf = make([]byte, 0, maxLen)
+		}
+		buf := f.buf[:maxLen:maxLen]
+		size := b.Build(i, buf)
+		if err := checkBuilt(size, maxLen); err != nil {
+			h.putFrame(f)
+			return sent, l.opErr("send", err)
+		}
+		f.buf = buf[:size]
+		data := f.buf
+		now := h.now()
+		if data[0]&1 != 0 {
+			// Every other link gets a copy; the last one gets f itself.
+			var last *MemLink
+			for _, r := range ports.links {
+				if r == l {
+					continue
+				}
+				if last != nil {
+					l.deliver(last, data, c, now, nil)
+				}
+				last = r
+			}
+			if last != nil {
+				l.deliver(last, data, c, now, f)
+			} else {
+				h.putFrame(f)
+			}
+		} else if r := ports.byMAC[[6]byte(data[:6])]; r != nil && r != l {
+			l.deliver(r, data, c, now, f)
+		} else {
+			h.putFrame(f)
+		}
+		sent++
+		txBytes += uint64(size)
+	}
+	return sent, nil
+}
+
 // deliver applies the fault knobs to one copy of data sent at hub time now
-// and queues it for r. l.sendMu is held.
-func (l *MemLink) deliver(r *MemLink, data []byte, c *memConf, now int64) {
-	if l.partitioned.Load() || r.partitioned.Load() {
+// and queues it for r. l.sendMu is held. With own set (a pooled frame
+// holding data), deliver queues own instead of a copy of data and takes
+// ownership of it either way.
+func (l *MemLink) deliver(r *MemLink, data []byte, c *memConf, now int64, own *memFrame) {
+	drop := func() {
 		l.stats.injectedLoss.Add(1)
+		if own != nil {
+			l.hub.putFrame(own)
+		}
+	}
+	if l.partitioned.Load() || r.partitioned.Load() {
+		drop()
 		return
 	}
 	if c.loss > 0 && l.rng.Float64() < c.loss {
-		l.stats.injectedLoss.Add(1)
+		drop()
 		return
 	}
 	dup := c.dup > 0 && l.rng.Float64() < c.dup
@@ -478,7 +557,10 @@ func (l *MemLink) deliver(r *MemLink, data []byte, c *memConf, now int64) {
 
 	// Copy outside r.mu.
 	h := l.hub
-	f := h.getFrame(data)
+	f := own
+	if f == nil {
+		f = h.getFrame(data)
+	}
 	var f2 *memFrame
 	if dup {
 		f2 = h.getFrame(data)
@@ -567,8 +649,32 @@ func (l *MemLink) unholdLocked(i int) {
 func (l *MemLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
 	l.recvMu.Lock()
 	defer l.recvMu.Unlock()
-	h := l.hub
 	bufs = bufs[:min(len(bufs), len(sizes))]
+	return l.recvLocked(bufs, sizes, len(bufs), nil, timeout)
+}
+
+// RecvVisit implements [FrameVisitor]: the frames due are taken off the
+// receive queue (under the queue lock, which senders need) and then shown
+// to v where they lie, in their pooled buffers.
+func (l *MemLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, error) {
+	l.recvMu.Lock()
+	defer l.recvMu.Unlock()
+	if l.closed.Load() {
+		return 0, l.opErr("recv", net.ErrClosed)
+	}
+	if v == nil {
+		return 0, l.opErr("recv", errNilVisitor)
+	}
+	if max <= 0 {
+		return 0, nil
+	}
+	return l.recvLocked(nil, nil, max, v, timeout)
+}
+
+// recvLocked is Recv of up to max frames into bufs or, with a visitor v,
+// RecvVisit of up to max frames. recvMu is held.
+func (l *MemLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, timeout time.Duration) (int, error) {
+	h := l.hub
 	var deadline int64
 	if timeout > 0 {
 		deadline = h.now() + int64(timeout)
@@ -581,9 +687,17 @@ func (l *MemLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, 
 			l.mu.Unlock()
 			return 0, l.opErr("recv", net.ErrClosed)
 		}
-		n := l.popDueLocked(bufs, sizes, now)
-		if n > 0 || len(bufs) == 0 || timeout == 0 || l.wakeReq.Swap(false) {
+		var n int
+		if v == nil {
+			n = l.popDueLocked(bufs, sizes, now)
+		} else {
+			n = l.popDueVisitLocked(max, now)
+		}
+		if n > 0 || max == 0 || timeout == 0 || l.wakeReq.Swap(false) {
 			l.mu.Unlock()
+			if v != nil && n > 0 {
+				l.visitPopped(v)
+			}
 			return n, nil
 		}
 		wait := int64(-1) // forever
@@ -655,6 +769,43 @@ func (l *MemLink) popDueLocked(bufs [][]byte, sizes []int, now int64) int {
 		}
 	}
 	return n
+}
+
+// popDueVisitLocked moves the frames due at now, up to max, from the queue
+// to visitQ and counts them. l.mu and l.recvMu are held.
+func (l *MemLink) popDueVisitLocked(max int, now int64) int {
+	clear(l.visitQ)
+	l.visitQ = l.visitQ[:0]
+	var rxBytes uint64
+	for len(l.visitQ) < max && len(l.q) > 0 && l.q[0].due <= now {
+		f := l.q.pop()
+		if f.held {
+			for i, hf := range l.held {
+				if hf == f {
+					l.unholdLocked(i)
+					break
+				}
+			}
+		}
+		l.visitQ = append(l.visitQ, f)
+		rxBytes += uint64(len(f.buf))
+	}
+	if n := len(l.visitQ); n > 0 {
+		l.stats.rxFrames.Add(uint64(n))
+		l.stats.rxBytes.Add(rxBytes)
+	}
+	return len(l.visitQ)
+}
+
+// visitPopped shows the frames of visitQ to v and returns them to the pool.
+// l.recvMu is held, l.mu is not.
+func (l *MemLink) visitPopped(v Visitor) {
+	for i, f := range l.visitQ {
+		l.visitQ[i] = nil
+		v.Visit(f.buf[:len(f.buf):len(f.buf)])
+		l.hub.putFrame(f)
+	}
+	l.visitQ = l.visitQ[:0]
 }
 
 // HardwareAddr implements [Link].

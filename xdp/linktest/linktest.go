@@ -5,6 +5,7 @@ package linktest
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"net"
 	"os"
@@ -55,7 +56,26 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("WakeEndsWait", func(t *testing.T) { testWake(t, mk) })
 	t.Run("CloseUnblocksRecv", func(t *testing.T) { testCloseUnblocks(t, mk) })
 	t.Run("NoLeaks", func(t *testing.T) { testNoLeaks(t, mk) })
+	// FrameBuilder and FrameVisitor, on the links that implement them.
+	t.Run("BuiltVisitedEverySize", func(t *testing.T) { testBuiltBurst(t, mk, opts) })
+	t.Run("BuiltVisitedBothDirections", func(t *testing.T) { testBuiltBothDirections(t, mk, opts) })
+	t.Run("BuiltErrors", func(t *testing.T) { testBuiltErrors(t, mk, opts) })
+	t.Run("VisitMax", func(t *testing.T) { testVisitMax(t, mk, opts) })
+	t.Run("VisitTimeoutWakeClose", func(t *testing.T) { testVisitWait(t, mk) })
+	t.Run("BuiltVisitedNoAllocs", func(t *testing.T) { testBuiltNoAllocs(t, mk, opts) })
 }
+
+// How a burst moves its frames: with Send or SendBuilt, Recv or RecvVisit,
+// or alternating between the two every batch.
+type ioMode int
+
+const (
+	plain   ioMode = iota // Send, Recv
+	inPlace               // SendBuilt, RecvVisit
+	mixed                 // both, alternating
+)
+
+func (m ioMode) String() string { return [...]string{"plain", "in place", "mixed"}[m] }
 
 const (
 	hdr       = xdp.EthHeaderLen
@@ -143,6 +163,34 @@ func testBasics(t *testing.T, mk MakePair) {
 // from a to b at full rate and checks what arrives.
 func burst(t *testing.T, p Pair, a, b xdp.Link, n int, opts Options, run uint32) {
 	t.Helper()
+	burstIO(t, p, a, b, n, opts, run, plain, plain)
+}
+
+// builder builds the frames of one SendBuilt call of a burst.
+type builder struct {
+	dst, src net.HardwareAddr
+	run      uint32
+	seq      int // sequence number of frame 0
+	sizeOf   func(seq int) int
+	maxLen   int
+	bad      error // first wrong buffer handed to Build
+}
+
+func (b *builder) Build(i int, buf []byte) int {
+	if (len(buf) != b.maxLen || cap(buf) != b.maxLen) && b.bad == nil {
+		b.bad = fmt.Errorf("Build(%d) got a buffer of len %d cap %d, want MaxFrameLen %d", i, len(buf), cap(buf), b.maxLen)
+	}
+	return len(frame(buf, b.dst, b.src, b.run, uint64(b.seq+i), b.sizeOf(b.seq+i)))
+}
+
+// visitFunc is a Visitor calling a function.
+type visitFunc func([]byte)
+
+func (f visitFunc) Visit(b []byte) { f(b) }
+
+// burstIO is burst with the sender and the receiver using the given calls.
+func burstIO(t *testing.T, p Pair, a, b xdp.Link, n int, opts Options, run uint32, send, recv ioMode) {
+	t.Helper()
 	maxLen := min(xdp.MaxFrameLen(a), xdp.MaxFrameLen(b))
 	sizeOf := func(seq int) int { return xdp.MinFrameLen + seq%(maxLen-xdp.MinFrameLen+1) }
 	dst, src := b.HardwareAddr(), a.HardwareAddr()
@@ -164,13 +212,25 @@ func burst(t *testing.T, p Pair, a, b xdp.Link, n int, opts Options, run uint32)
 		for i := range frames {
 			frames[i] = make([]byte, maxLen)
 		}
-		for seq := 0; seq < n; {
+		fb, _ := a.(xdp.FrameBuilder)
+		bld := &builder{dst: dst, src: src, run: run, sizeOf: sizeOf, maxLen: xdp.MaxFrameLen(a)}
+		for call, seq := 0, 0; seq < n; call++ {
 			k := min(batch, n-seq)
-			out := frames[:k]
-			for i := range out {
-				out[i] = frame(frames[i][:cap(frames[i])], dst, src, run, uint64(seq+i), sizeOf(seq+i))
+			var m int
+			var err error
+			if send == inPlace || send == mixed && call%2 == 1 {
+				bld.seq = seq
+				m, err = fb.SendBuilt(k, bld)
+				if bld.bad != nil && err == nil {
+					err = bld.bad
+				}
+			} else {
+				out := frames[:k]
+				for i := range out {
+					out[i] = frame(frames[i][:cap(frames[i])], dst, src, run, uint64(seq+i), sizeOf(seq+i))
+				}
+				m, err = a.Send(out)
 			}
-			m, err := a.Send(out)
 			seq += m
 			if err != nil {
 				sendErr = err
@@ -181,12 +241,55 @@ func burst(t *testing.T, p Pair, a, b xdp.Link, n int, opts Options, run uint32)
 
 	seen := make([]bool, n)
 	got, dups, outOfOrder, stale := 0, 0, 0, 0
+	delivered, deliveredBytes := 0, uint64(0)
 	var firstErr error
 	rb, sizes := bufs(64, maxLen+64)
 	last := -1
+	check := func(f []byte) {
+		delivered++
+		deliveredBytes += uint64(len(f))
+		seq, err := parse(f, dst, src, run)
+		if errors.Is(err, errStale) {
+			stale++
+			return
+		}
+		if err == nil && seq >= uint64(n) {
+			err = errors.New("sequence number out of range")
+		}
+		if err == nil && len(f) != sizeOf(int(seq)) {
+			err = errors.New("wrong size for its sequence number")
+		}
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			return
+		}
+		if seen[seq] {
+			dups++
+			return
+		}
+		seen[seq] = true
+		got++
+		if int(seq) < last {
+			outOfOrder++
+		}
+		last = int(seq)
+	}
+	fv, _ := b.(xdp.FrameVisitor)
+	visitor := visitFunc(check)
 	idleSince := time.Time{}
-	for got < n {
-		k, err := b.Recv(rb, sizes, 20*time.Millisecond)
+	for call := 0; got < n; call++ {
+		var k int
+		var err error
+		if recv == inPlace || recv == mixed && call%2 == 1 {
+			k, err = fv.RecvVisit(len(rb), 20*time.Millisecond, visitor)
+		} else {
+			k, err = b.Recv(rb, sizes, 20*time.Millisecond)
+			for i := 0; i < k; i++ {
+				check(rb[i][:sizes[i]])
+			}
+		}
 		if err != nil {
 			t.Fatalf("recv: %v", err)
 		}
@@ -203,35 +306,6 @@ func burst(t *testing.T, p Pair, a, b xdp.Link, n int, opts Options, run uint32)
 			continue
 		}
 		idleSince = time.Time{}
-		for i := 0; i < k; i++ {
-			seq, err := parse(rb[i][:sizes[i]], dst, src, run)
-			if errors.Is(err, errStale) {
-				stale++
-				continue
-			}
-			if err == nil && seq >= uint64(n) {
-				err = errors.New("sequence number out of range")
-			}
-			if err == nil && sizes[i] != sizeOf(int(seq)) {
-				err = errors.New("wrong size for its sequence number")
-			}
-			if err != nil {
-				if firstErr == nil {
-					firstErr = err
-				}
-				continue
-			}
-			if seen[seq] {
-				dups++
-				continue
-			}
-			seen[seq] = true
-			got++
-			if int(seq) < last {
-				outOfOrder++
-			}
-			last = int(seq)
-		}
 	}
 done:
 	wg.Wait()
@@ -249,8 +323,8 @@ done:
 	counted := (aAfter.Lost() - aBefore.Lost()) + (bAfter.Lost() - bBefore.Lost()) + kernel
 	injectedDup := aAfter.InjectedDuplicate - aBefore.InjectedDuplicate
 	missing := n - got
-	t.Logf("%s→%s: %d frames of %d..%d bytes: received %d, missing %d, counted drops %d (kernel path %d), duplicates %d (injected %d), out of order %d, stale %d",
-		a.Info().Kind, b.Info().Kind, n, xdp.MinFrameLen, maxLen, got, missing, counted, kernel, dups, injectedDup, outOfOrder, stale)
+	t.Logf("%s→%s (send %v, receive %v): %d frames of %d..%d bytes: received %d, missing %d, counted drops %d (kernel path %d), duplicates %d (injected %d), out of order %d, stale %d",
+		a.Info().Kind, b.Info().Kind, send, recv, n, xdp.MinFrameLen, maxLen, got, missing, counted, kernel, dups, injectedDup, outOfOrder, stale)
 	if uint64(missing) > counted {
 		t.Errorf("%d frames missing but only %d drops counted", missing, counted)
 	}
@@ -265,6 +339,22 @@ done:
 	}
 	if sent := aAfter.TxFrames - aBefore.TxFrames; sent != uint64(n) {
 		t.Errorf("sender counted %d frames sent, want %d", sent, n)
+	}
+	var wantBytes uint64
+	for seq := 0; seq < n; seq++ {
+		wantBytes += uint64(sizeOf(seq))
+	}
+	if sent := aAfter.TxBytes - aBefore.TxBytes; sent != wantBytes {
+		t.Errorf("sender counted %d bytes sent, want %d", sent, wantBytes)
+	}
+	if rx := bAfter.RxFrames - bBefore.RxFrames; rx != uint64(delivered) {
+		t.Errorf("receiver counted %d frames received, %d were delivered", rx, delivered)
+	}
+	if rx := bAfter.RxBytes - bBefore.RxBytes; rx != deliveredBytes {
+		t.Errorf("receiver counted %d bytes received, %d were delivered", rx, deliveredBytes)
+	}
+	if tr := bAfter.RxTruncated - bBefore.RxTruncated; tr != 0 {
+		t.Errorf("receiver counted %d truncated frames", tr)
 	}
 }
 

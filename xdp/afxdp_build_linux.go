@@ -1,0 +1,266 @@
+package xdp
+
+// In-place sending and receiving on AF_XDP (FrameBuilder and FrameVisitor):
+// the caller writes frames straight into idle send slots of the UMEM and
+// reads received frames where the kernel put them.
+//
+// Send side. Every frame goes in a send slot, which is one UMEM frame on a
+// single-buffer link and a run of adjacent UMEM frames large enough for
+// MaxFrameLen on a multi-buffer one (see AFXDPLink). Build is handed the
+// idle slot on top of txFree, sliced to MaxFrameLen: the frame is built in
+// place, and nothing is copied, whatever its length. The descriptors then
+// point into the slot as Send's would.
+//
+// The slot is taken off txFree only after Build returns, so a Build that
+// panics leaks nothing, and the frames built before it are sent (the
+// deferred txCommit publishes them).
+//
+// Receive side. A single-descriptor packet is shown to Visit in place in the
+// UMEM; a multi-buffer packet is reassembled in rxScratch first (its
+// fragments each sit behind their frame's headroom, so they are not
+// contiguous). The ring state moves past a packet, and its frames are queued
+// (not yet submitted) for the fill ring, before Visit is called: the kernel
+// gets them back only when the RX consumer and the fill producer are
+// published at the end of the call, after the last Visit, and a Visit that
+// panics leaves the rings consistent (the deferred rxPublish publishes).
+
+import (
+	"errors"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+var (
+	errNilBuilder = errors.New("nil Builder")
+	errNilVisitor = errors.New("nil Visitor")
+)
+
+// txBatch counts the frames produced on the TX ring but not yet submitted.
+type txBatch struct {
+	frames int
+	bytes  uint64
+}
+
+// txCommit submits the pending TX descriptors and counts them.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) txCommit(p *txBatch) {
+	if p.frames == 0 {
+		return
+	}
+	l.tx.submit()
+	l.txFrames.Add(uint64(p.frames))
+	l.txBytes.Add(p.bytes)
+	*p = txBatch{}
+}
+
+// SendBuilt implements FrameBuilder: every frame is built in place in the
+// UMEM, in the send slot Send would have copied it into (one UMEM frame, or
+// in multi-buffer mode a run of adjacent ones).
+func (l *AFXDPLink) SendBuilt(n int, b Builder) (int, error) {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return 0, l.closedErr("send")
+	}
+	if b == nil {
+		return 0, &OpError{Op: "send", Interface: l.ifname, Err: errNilBuilder}
+	}
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	sent, _, err := l.sendBuiltLocked(0, n, b, nil, 0)
+	return sent, err
+}
+
+// sendBuiltRouted is SendBuilt of frames from..n-1 for the multi-queue link
+// m, of which l is queue index q: see sendBuiltLocked.
+func (l *AFXDPLink) sendBuiltRouted(from, n int, b Builder, m *AFXDPMultiLink, q int) (next, spilled int, err error) {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return from, 0, l.closedErr("send")
+	}
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	return l.sendBuiltLocked(from, n, b, m, q)
+}
+
+// sendBuiltLocked builds and sends frames from..n-1 of b and returns the
+// index of the first frame not sent. With a multi-queue link m, a frame that
+// m routes to a queue other than q is not sent: it is copied into m.spill,
+// sendBuiltLocked returns its index and its length as spilled, and m sends it
+// on its own queue.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, m *AFXDPMultiLink, q int) (next, spilled int, err error) {
+	var p txBatch
+	defer l.txCommit(&p) // publishes what was built should Build panic
+	// A frame's length is known only once built: secure the TX ring entries
+	// of the longest.
+	nd := uint32(l.txDescs(l.maxFrame))
+	maxLen := uint64(l.maxFrame)
+	i := from
+	var stalledSince time.Time
+	for i < n {
+		l.reclaim()
+		var bad error
+		for i < n {
+			if len(l.txFree) == 0 || l.tx.free(nd) < nd {
+				break
+			}
+			base := l.txFree[len(l.txFree)-1]
+			buf := l.umem[base : base+maxLen : base+maxLen]
+			size := b.Build(i, buf)
+			if err := checkBuilt(size, l.maxFrame); err != nil {
+				bad = err
+				break
+			}
+			if m != nil && m.queueFor(buf[:size]) != q {
+				spilled = copy(m.spill, buf[:size])
+				break
+			}
+			l.queueSlot(base, size)
+			p.frames++
+			p.bytes += uint64(size)
+			i++
+		}
+		if p.frames > 0 {
+			l.txCommit(&p)
+			stalledSince = time.Time{}
+		} else if bad == nil && spilled == 0 {
+			if stalledSince.IsZero() {
+				stalledSince = time.Now()
+			}
+			if err := l.waitTx(stalledSince); err != nil {
+				return i, 0, err
+			}
+			continue
+		}
+		if err := l.kickTx(); err != nil {
+			return i, 0, err
+		}
+		if bad != nil {
+			return i, 0, &OpError{Op: "send", Interface: l.ifname, Err: bad}
+		}
+		if spilled > 0 {
+			return i, spilled, nil
+		}
+	}
+	return i, 0, nil
+}
+
+// RecvVisit implements FrameVisitor. A single-descriptor frame is shown in
+// place in the UMEM; a multi-buffer one is reassembled in a scratch buffer
+// first.
+func (l *AFXDPLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, error) {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return 0, l.closedErr("recv")
+	}
+	if v == nil {
+		return 0, &OpError{Op: "recv", Interface: l.ifname, Err: errNilVisitor}
+	}
+	if max <= 0 {
+		return 0, nil
+	}
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	return l.recvLocked(nil, nil, max, v, timeout)
+}
+
+// rxPending tracks what visitReady consumed and has not yet published.
+type rxPending struct {
+	start  uint32 // RX consumer index when the call began
+	frames int
+	bytes  uint64
+}
+
+// rxPublish hands the consumed RX entries back to the kernel, submits the
+// frames queued for the fill ring and counts the frames visited.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) rxPublish(p *rxPending) {
+	if l.rx.cachedCons == p.start {
+		return
+	}
+	l.rx.release()
+	l.fill.submit()
+	if p.frames > 0 {
+		l.rxFrames.Add(uint64(p.frames))
+		l.rxBytes.Add(p.bytes)
+	}
+}
+
+// visitReady shows up to max packets waiting on the RX ring to v, as
+// recvReady copies them out (same packet boundaries, same handling of a
+// packet not wholly published and of corrupted descriptors), and gives
+// their UMEM frames back to the fill ring.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) visitReady(max int, v Visitor) int {
+	want := uint32(min(max, int(l.rx.size)))
+	if l.sg {
+		want = l.rx.size
+	}
+	avail := l.rx.avail(want)
+	if avail == 0 {
+		return 0
+	}
+	l.fill.free(avail)
+	end := l.rx.cachedCons + avail
+	p := rxPending{start: l.rx.cachedCons}
+	defer l.rxPublish(&p)
+	for p.frames < max && l.rx.cachedCons != end {
+		first := l.rx.cachedCons
+		next, complete := first, false
+		for next != end {
+			last := l.rx.descs[next&l.rx.mask].Options&unix.XDP_PKT_CONTD == 0
+			next++
+			if last {
+				complete = true
+				break
+			}
+		}
+		if !complete && next-first < l.rx.size {
+			break // the rest of the packet is not published yet
+		}
+		var frame []byte
+		bad := !complete
+		if next-first == 1 && !bad {
+			d := l.rx.descs[first&l.rx.mask]
+			e := d.Addr + uint64(d.Len)
+			if e > uint64(len(l.umem)) || d.Addr/l.frameSize != (e-1)/l.frameSize {
+				bad = true
+			} else {
+				frame = l.umem[d.Addr:e:e]
+			}
+			l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
+			l.fill.cachedProd++
+		} else {
+			l.rxScratch = l.rxScratch[:0]
+			for i := first; i != next; i++ {
+				d := l.rx.descs[i&l.rx.mask]
+				e := d.Addr + uint64(d.Len)
+				if e > uint64(len(l.umem)) || d.Addr/l.frameSize != (e-1)/l.frameSize {
+					bad = true
+				} else if !bad {
+					l.rxScratch = append(l.rxScratch, l.umem[d.Addr:e]...)
+				}
+				l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
+				l.fill.cachedProd++
+			}
+			frame = l.rxScratch
+		}
+		l.rx.cachedCons = next
+		if bad {
+			l.badDescs.Add(1)
+			continue
+		}
+		p.frames++
+		p.bytes += uint64(len(frame))
+		v.Visit(frame)
+	}
+	return p.frames
+}

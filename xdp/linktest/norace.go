@@ -1,0 +1,5 @@
+//go:build !race
+
+package linktest
+
+const raceEnabled = false
