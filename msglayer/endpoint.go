@@ -399,6 +399,10 @@ func (e *Endpoint) Close() error {
 		e.complete(r, Closed)
 	}
 	e.connects = nil
+	// Pulls of peers already forgotten are not reached through e.peers.
+	for id, pl := range e.pulls {
+		e.endPull(id, pl, Closed)
+	}
 	g.eps[e.id] = nil
 	if i := slices.Index(g.epList, e); i >= 0 {
 		g.epList = slices.Delete(g.epList, i, i+1)
@@ -444,6 +448,12 @@ func (e *Endpoint) release(r *request) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) complete(r *request, code Code) {
 	if r.doneFlag.Load() {
+		return
+	}
+	if r.txRefs > 0 {
+		// Pull replies still read the send's data: complete once they
+		// are out (engine.unpin), so the user may then reuse it.
+		r.completeLater, r.laterCode = true, code
 		return
 	}
 	if r.status.Code == Success {

@@ -28,7 +28,9 @@ type engine struct {
 	index    uint64 // creation order, for lock ordering
 	key      string // in engines: the interface name or the given link
 	link     xdp.Link
-	waker    xdp.Waker // nil if the link cannot be woken
+	waker    xdp.Waker        // nil if the link cannot be woken
+	visitor  xdp.FrameVisitor // nil if the link cannot lend received frames
+	builder  xdp.FrameBuilder // nil if the link cannot build frames in place
 	ifname   string
 	mac      [6]byte
 	mtu      int
@@ -56,6 +58,7 @@ type engine struct {
 	rxBufs  [][]byte
 	rxSizes []int
 	spins   uint64
+	vis     rxVisitor
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
@@ -70,18 +73,56 @@ type engine struct {
 	scratch [][]byte // free frame buffers for unreliable frames
 	// +checklocks:mu
 	badFrames uint64 // frames that failed to decode or name no endpoint
+	// +checklocks:mu
+	visiting bool // the driver is inside RecvVisit: nobody may call the link
 
 	txMu sync.Mutex // serialises flushes so frames leave in queue order
 	// +checklocks:txMu
 	txSending []txEntry
 	// +checklocks:txMu
 	txFrames [][]byte
+	// +checklocks:txMu
+	txb txBuilder
+	// +checklocks:txMu
+	txScratch [][]byte
 }
 
-// txEntry is a queued frame: a window slot's buffer or a scratch buffer.
+// txEntry is a queued frame: a window slot's buffer, a scratch buffer, or
+// (buf nil) a pull reply to build at send time straight from the send's
+// data into the link's memory.
 type txEntry struct {
 	buf  []byte
 	slot *txSlot // nil for scratch frames
+	job  pullJob
+}
+
+// pullJob is a pull reply not built yet: its headers and where its data
+// comes from. The send request stays pinned (txRefs) until it is sent.
+type pullJob struct {
+	r   *request
+	off int
+	n   int
+	hdr [hdrLen + pullReplyHdrLen]byte
+}
+
+// txBuilder builds the frames of a flush in the link's memory. Owned by
+// the flusher (txMu).
+type txBuilder struct{ frames []txEntry }
+
+func (b *txBuilder) Build(i int, buf []byte) int {
+	e := &b.frames[i]
+	if e.buf != nil {
+		return copy(buf, e.buf)
+	}
+	return e.job.build(buf)
+}
+
+// build writes the pull reply into buf. The request is pinned, so its data
+// stays in place even though the engine lock is not held.
+func (j *pullJob) build(buf []byte) int {
+	copy(buf, j.hdr[:])
+	copyFromSegs(buf[len(j.hdr):len(j.hdr)+j.n], j.r.dataSrc(), j.off)
+	return frameLen(tPullReply, j.n)
 }
 
 var (
@@ -106,6 +147,9 @@ func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostna
 		hostReplies: map[string][6]byte{},
 	}
 	g.waker, _ = link.(xdp.Waker)
+	g.visitor, _ = link.(xdp.FrameVisitor)
+	g.builder, _ = link.(xdp.FrameBuilder)
+	g.vis.g = g
 	copy(g.mac[:], link.HardwareAddr())
 	const batch = 64
 	g.rxBufs = make([][]byte, batch)
@@ -134,6 +178,39 @@ func (g *engine) scratchBuf() []byte {
 	return make([]byte, g.maxFrame())
 }
 
+// queuePullReply queues a pull reply of n bytes at off of the send r, to
+// be built at send time, and returns it for its headers to be written.
+//
+// +checklocks:g.mu
+func (g *engine) queuePullReply(r *request, off, n int) *pullJob {
+	r.txRefs++
+	g.txq = append(g.txq, txEntry{job: pullJob{r: r, off: off, n: n}})
+	return &g.txq[len(g.txq)-1].job
+}
+
+// unpin drops a queued reply's hold on its send; a completion that waited
+// for the send's data to be let go happens now.
+//
+// +checklocks:g.mu
+func (g *engine) unpin(r *request) {
+	r.txRefs--
+	if r.txRefs == 0 && r.completeLater {
+		r.completeLater = false
+		r.ep.complete(r, r.laterCode)
+	}
+}
+
+// scratchFlush returns a scratch buffer for building frame i of a flush
+// without the engine lock (links without FrameBuilder).
+//
+// +checklocks:g.txMu
+func (g *engine) scratchFlush(i int) []byte {
+	for len(g.txScratch) <= i {
+		g.txScratch = append(g.txScratch, make([]byte, g.maxFrame()))
+	}
+	return g.txScratch[i]
+}
+
 // queue appends a frame to the transmit queue.
 //
 // +checklocks:g.mu
@@ -160,7 +237,9 @@ func (g *engine) flush() {
 // txMu is only ever tried, never waited for, while the engine lock is
 // held, so the two locks cannot deadlock.
 func (g *engine) flushAndUnlock() {
-	if len(g.txq) == 0 || !g.txMu.TryLock() {
+	// Inside a RecvVisit (an unexpected-message handler posting a
+	// receive), the link's locks are held: the driver flushes after it.
+	if len(g.txq) == 0 || g.visiting || !g.txMu.TryLock() {
 		g.mu.Unlock()
 		return
 	}
@@ -170,22 +249,38 @@ func (g *engine) flushAndUnlock() {
 		g.txq = g.txq[:0]
 		g.mu.Unlock()
 
-		g.txFrames = g.txFrames[:0]
-		for _, e := range g.txSending {
-			g.txFrames = append(g.txFrames, e.buf)
-		}
 		// A failed send is like a lost frame: reliable frames are
 		// retransmitted, the others re-requested by their timers.
-		g.link.Send(g.txFrames)
-		clear(g.txFrames)
+		if g.builder != nil {
+			g.txb.frames = g.txSending
+			g.builder.SendBuilt(len(g.txSending), &g.txb)
+			g.txb.frames = nil
+		} else {
+			g.txFrames = g.txFrames[:0]
+			for i := range g.txSending {
+				e := &g.txSending[i]
+				if e.buf == nil {
+					// A pull reply: build it in a scratch buffer.
+					b := g.scratchFlush(i)
+					e.buf = b[:e.job.build(b)]
+				}
+				g.txFrames = append(g.txFrames, e.buf)
+			}
+			g.link.Send(g.txFrames)
+			clear(g.txFrames)
+		}
 
 		g.mu.Lock()
 		repump := false
-		for _, e := range g.txSending {
-			if e.slot != nil {
+		for i := range g.txSending {
+			e := &g.txSending[i]
+			switch {
+			case e.slot != nil:
 				e.slot.pending--
 				repump = repump || e.slot.pending == 0
-			} else {
+			case e.job.r != nil:
+				g.unpin(e.job.r) // e.buf, if set, is one of txScratch
+			default:
 				g.scratch = append(g.scratch, e.buf[:cap(e.buf)])
 			}
 		}
@@ -216,7 +311,15 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	if timeout != 0 {
 		g.inKernel.Store(true)
 	}
-	n, err := g.link.Recv(g.rxBufs, g.rxSizes, timeout)
+	var n int
+	var err error
+	if g.visitor != nil {
+		// Frames are handled in place, in the link's memory; the visitor
+		// takes the engine lock at the first frame and keeps it.
+		n, err = g.visitor.RecvVisit(len(g.rxBufs), timeout, &g.vis)
+	} else {
+		n, err = g.link.Recv(g.rxBufs, g.rxSizes, timeout)
+	}
 	g.inKernel.Store(false)
 	if n == 0 && timeout == 0 {
 		// Spinning: reading the clock costs tens of nanoseconds, so look
@@ -226,14 +329,44 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 			return err
 		}
 	}
-	now := g.clock.Now()
-	g.mu.Lock()
-	for i := 0; i < n; i++ {
-		g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
+	var now int64
+	if g.vis.locked {
+		g.vis.locked = false
+		g.visiting = false
+		now = g.vis.now
+	} else {
+		now = g.clock.Now()
+		g.mu.Lock()
+		for i := 0; i < n; i++ {
+			g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
+		}
 	}
 	g.runTimers(now)
 	g.flushAndUnlock()
 	return err
+}
+
+// rxVisitor handles frames the link lends (RecvVisit). Owned by the
+// driver; it holds the engine lock from the first frame of a batch until
+// driveOnce takes over after RecvVisit returns.
+type rxVisitor struct {
+	g      *engine
+	locked bool
+	now    int64
+}
+
+func (v *rxVisitor) Visit(f []byte) {
+	g := v.g
+	if !v.locked {
+		// The driver is awake: completions need not wake it (and must not
+		// call into the link, whose receive lock is held).
+		g.inKernel.Store(false)
+		g.mu.Lock()
+		v.locked = true
+		g.visiting = true
+		v.now = g.clock.Now()
+	}
+	g.dispatch(f, v.now)
 }
 
 // nextTimer returns how long the driver may sleep: until the earliest

@@ -23,5 +23,3 @@ func (e *Endpoint) DebugPeer(a Addr) string {
 	}
 	return s
 }
-
-

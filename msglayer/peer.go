@@ -41,6 +41,8 @@ type peer struct {
 	pulls      int   // active pulls from this peer
 	rndvs      int   // our rendezvous sends to this peer awaiting notify
 	kaSent     int64 // last keepalive
+	waiting    bool  // we wait on the peer for a notify or pull data
+	waitStart  int64 // since when
 }
 
 // txSlot holds one reliable frame until it is acknowledged.
@@ -137,8 +139,32 @@ func (p *peer) failAll(code Code) {
 			e.endPull(id, pl, code)
 		}
 	}
-	if p.in.active && p.in.recv != nil {
-		e.complete(p.in.recv, code)
+	p.abandonIn(code)
+	// Unexpected messages whose data will never come: rendezvous records
+	// (the data was at the peer) and eager messages still incomplete. A
+	// complete eager message is kept: its data is here.
+	for u := e.match.unexpHead; u != nil; {
+		next := u.next
+		if u.src == p && !(u.localSend == nil && !u.rndv && u.complete()) {
+			e.dropUnexp(u)
+		}
+		u = next
+	}
+}
+
+// abandonIn gives up the eager message being reassembled: its receive
+// completes with code, or its unexpected record is dropped.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) abandonIn(code Code) {
+	e := p.ep
+	if p.in.active {
+		if p.in.recv != nil {
+			e.complete(p.in.recv, code)
+		}
+		if u := p.in.u; u != nil {
+			e.dropUnexp(u)
+		}
 	}
 	p.in = inMsg{}
 }
@@ -443,7 +469,12 @@ func (p *peer) runTimers(now int64) int64 {
 	// Keepalive while we wait on the peer for something other than acks
 	// (a notify, pull data): a dead peer must not leave requests hanging.
 	if p.rndvs > 0 || p.pulls > 0 {
-		if now-p.lastHeard > int64(cfg.GiveUp) {
+		if !p.waiting {
+			// Silence counts from the start of the wait, not from the
+			// last frame of an idle connection.
+			p.waiting, p.waitStart = true, now
+		}
+		if now-max(p.lastHeard, p.waitStart) > int64(cfg.GiveUp) {
 			p.die(now)
 			return 0
 		}
@@ -452,6 +483,8 @@ func (p *peer) runTimers(now int64) int64 {
 			p.sendCtl(tKeepalive, flagWantAck, nil)
 		}
 		at(max(p.lastHeard, p.kaSent) + int64(cfg.KeepaliveInterval))
+	} else {
+		p.waiting = false
 	}
 	return next
 }

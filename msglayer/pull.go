@@ -107,7 +107,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 		e.stats.BadFrames++
 		return
 	}
-	var src [][]byte
+	var src *request
 	if h.flags&flagRegion != 0 {
 		// Check the whole block once: id, key and bounds.
 		if _, err := e.reg.Lookup(req.rndvID, req.key, req.base+uint64(req.offset), uint64(req.length)); err != nil ||
@@ -126,7 +126,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			e.stats.BadFrames++
 			return
 		}
-		src = r.dataSrc()
+		src = r
 	}
 	g := e.eng
 	for i := uint32(0); i < pullBlockFrames; i++ {
@@ -138,32 +138,33 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			break
 		}
 		n := int(min(uint64(fb), end-off))
-		b := g.scratchBuf()
 		h := p.header(tPullReply)
 		h.payloadLen = n
-		th := putHeader(b, p.addr.MAC[:], g.mac[:], g.ethType, &h)
 		ph := pullReplyHdr{pullID: req.pullID, offset: uint32(off)}
-		ph.put(th)
-		data := th[pullReplyHdrLen : pullReplyHdrLen+n]
 		if src != nil {
-			copyFromSegs(data, src, int(off))
+			// Built at send time, straight from the send's data into the
+			// link's memory.
+			job := g.queuePullReply(src, int(off), n)
+			ph.put(putHeader(job.hdr[:], p.addr.MAC[:], g.mac[:], g.ethType, &h))
 		} else {
-			// Hold the region for the copy: an unmap waits for it.
+			// From a region: copied now, holding the region (an unmap
+			// waits for the copy).
 			mem, reg, err := e.reg.Hold(req.rndvID, req.key, req.base+off, uint64(n))
 			if err != nil {
-				g.scratch = append(g.scratch, b)
 				e.stats.RegionRefused++
 				e.nack(p, req.pullID, nackBadRegion)
 				break
 			}
-			copy(data, mem)
+			b := g.scratchBuf()
+			th := putHeader(b, p.addr.MAC[:], g.mac[:], g.ethType, &h)
+			ph.put(th)
+			copy(th[pullReplyHdrLen:pullReplyHdrLen+n], mem)
 			reg.Unhold()
+			g.queue(b[:frameLen(tPullReply, n)], nil)
 		}
-		l := frameLen(tPullReply, n)
-		g.queue(b[:l], nil)
 		e.stats.PullReplies++
 		e.stats.FramesOut++
-		e.stats.BytesOut += uint64(l)
+		e.stats.BytesOut += uint64(frameLen(tPullReply, n))
 	}
 	p.ackSent()
 }

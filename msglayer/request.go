@@ -46,19 +46,25 @@ type request struct {
 	pull         *pull
 
 	// Sends.
-	peer      *peer
-	match     uint64
-	sync      bool
-	rndv      bool   // large, synchronous or converted: completes at notify
-	rndvID    uint32 // in ep.rndvs while the receiver may pull
-	framed    int    // bytes of an eager message already framed
-	unacked   int    // reliable frames of this message not yet acked
-	buffered  bool   // the user's buffer is no longer needed
-	copyBuf   []byte // the data of an eager message converted to rendezvous
-	sprev     *request
-	snext     *request // peer's send queue (waiting for window space)
-	inSendQ   bool
-	localDone bool // same-process send: completed by the receiver side
+	peer     *peer
+	match    uint64
+	sync     bool
+	rndv     bool   // large, synchronous or converted: completes at notify
+	rndvID   uint32 // in ep.rndvs while the receiver may pull
+	framed   int    // bytes of an eager message already framed
+	unacked  int    // reliable frames of this message not yet acked
+	buffered bool   // the user's buffer is no longer needed
+	copyBuf  []byte // the data of an eager message converted to rendezvous
+	sprev    *request
+	snext    *request // peer's send queue (waiting for window space)
+	// txRefs counts pull replies queued to be built from this send's data;
+	// while it is above 0 the data must stay, so a completion waits
+	// (completeLater, laterCode) until the last one is sent.
+	txRefs        int
+	completeLater bool
+	laterCode     Code
+	inSendQ       bool
+	localDone     bool // same-process send: completed by the receiver side
 
 	// One-sided operations: the region addressed (Get: the peer's; Put
 	// target: ours) and, for Put, the initiator's record.

@@ -313,7 +313,7 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 		if p.in.active {
 			// A new message while the previous one is incomplete: the
 			// sender abandoned it (converted to rendezvous).
-			p.in = inMsg{}
+			p.abandonIn(Aborted)
 		}
 		if p.refused && h.seq == p.refusedSeq {
 			return refused
@@ -356,6 +356,23 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 		return accepted
 	}
 	return accepted
+}
+
+// dropUnexp removes an unexpected message whose data will never be
+// complete, returning its memory to the bound.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) dropUnexp(u *unexp) {
+	e.match.removeUnexp(u)
+	switch {
+	case u.localSend != nil:
+		e.unexpRndv--
+		u.localSend.ep.complete(u.localSend, Aborted)
+	case u.rndv:
+		e.unexpRndv--
+	default:
+		e.unexpBytes -= int(u.msgLen)
+	}
 }
 
 // addUnexp queues an unexpected message.
