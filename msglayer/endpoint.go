@@ -49,7 +49,7 @@ type Config struct {
 	GiveUp              time.Duration // a peer silent this long is unreachable (default 5 s)
 	KeepaliveInterval   time.Duration
 	ConnectRetry        time.Duration
-	PullBlocks          int // pull blocks in flight per rendezvous (default 4)
+	PullBlocks          int // pull blocks (32 frames each) in flight per rendezvous (default 16)
 
 	// RegCache limits the pin-down cache of Register (zero: defaults from
 	// RLIMIT_MEMLOCK).
@@ -115,7 +115,7 @@ func (c *Config) setDefaults() error {
 	def(&c.MaxUnexpectedRndv, 65536)
 	def(&c.Window, 256)
 	def(&c.AckEvery, 4)
-	def(&c.PullBlocks, 4)
+	def(&c.PullBlocks, 16)
 	defD(&c.AckDelay, 100*time.Microsecond)
 	defD(&c.InitialRTO, 5*time.Millisecond)
 	defD(&c.MinRTO, 2*time.Millisecond)
