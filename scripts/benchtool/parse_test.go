@@ -1,0 +1,254 @@
+package main
+
+import (
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func fixture(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-6*math.Max(1, math.Abs(b)) }
+
+func TestParseUCXPerftest(t *testing.T) {
+	for _, tc := range []struct {
+		file               string
+		iters              int
+		rank, pct, overall float64
+		bwMiBs             float64
+	}{
+		{"ucx_tag_lat_8_p50.txt", 20000, 50, 4.768, 4.866, 1.57},
+		{"ucx_tag_lat_8_p99.txt", 20000, 99, 11.257, 4.686, 1.63},
+		// Intermediate "[thread 0]" lines, then "Final:": the final line wins.
+		{"ucx_tag_lat_8_intervals.txt", 400000, 50, 4.700, 4.386, 1.74},
+		{"ucx_tag_lat_65536_full.txt", 3000, 50, 41.024, 42.313, 1477.08},
+		{"ucx_tag_lat_8_csv.txt", 5000, 50, 4.567, 4.796, 1.59},
+		// tag_bw: "overhead (usec)" header; MB/s is MiB/s.
+		{"ucx_tag_bw_1m.txt", 1000, 50, 4.011, 205.316, 4870.54},
+		{"ucx_tag_bw_8.txt", 200000, 50, 3.790, 4.081, 1.87},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			r, err := parseUCXPerftest(fixture(t, tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Iterations != tc.iters || !near(r.PercentileRank, tc.rank) || !near(r.PercentileUs, tc.pct) ||
+				!near(r.OverallUs, tc.overall) || !near(r.BWOverallMiBs, tc.bwMiBs) {
+				t.Errorf("got %+v, want iters %d rank %v pct %v overall %v bw %v", r, tc.iters, tc.rank, tc.pct, tc.overall, tc.bwMiBs)
+			}
+		})
+	}
+	// 1 MiB in 205.316 µs is 5107 MB/s (10^6): the MiB/s figure converts.
+	r, _ := parseUCXPerftest(fixture(t, "ucx_tag_bw_1m.txt"))
+	if mb := r.BWOverallMiBs * (1 << 20) / 1e6; math.Abs(mb-float64(1<<20)/205.316) > 2 {
+		t.Errorf("tag_bw 1 MiB: %v MB/s does not match the per-message overhead", mb)
+	}
+	_, err := parseUCXPerftest(fixture(t, "ucx_noserver.txt"))
+	if err == nil || !strings.Contains(err.Error(), "Connection refused") {
+		t.Errorf("no server: got error %v, want one quoting UCX's connect error", err)
+	}
+	if _, err := parseUCXPerftest(""); err == nil {
+		t.Error("empty output: no error")
+	}
+}
+
+func TestParseFiPingpong(t *testing.T) {
+	rows, err := parseFiPingpong(fixture(t, "fi_pingpong_8.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Bytes != "8" || rows[0].Iterations != "20k" || !near(rows[0].UsecPerXfer, 6.62) || !near(rows[0].Seconds, 0.26) {
+		t.Errorf("8 B: got %+v", rows)
+	}
+	rows, err = parseFiPingpong(fixture(t, "fi_pingpong_1m.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := parseFiSize(rows[0].Bytes); err != nil || n != 1<<20 || !near(rows[0].UsecPerXfer, 412.90) || !near(rows[0].MBps, 2539.56) {
+		t.Errorf("1 MiB: got %+v (size %d, %v)", rows, n, err)
+	}
+	_, err = parseFiPingpong(fixture(t, "fi_pingpong_noserver.txt"))
+	if err == nil || !strings.Contains(err.Error(), "failed to connect") {
+		t.Errorf("no server: got %v", err)
+	}
+	for in, want := range map[string]int{"8": 8, "64k": 65536, "1m": 1 << 20, "1000": 1000} {
+		if got, err := parseFiSize(in); err != nil || got != want {
+			t.Errorf("parseFiSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+}
+
+func TestParseSockperf(t *testing.T) {
+	for _, tc := range []struct {
+		file                 string
+		mean, p50, p99, minv float64
+		obs                  int
+	}{
+		{"sockperf_udp_14.txt", 9.344, 8.980, 18.000, 2.855, 29263},
+		{"sockperf_tcp_14.txt", 11.188, 9.753, 20.823, 2.344, 24514},
+		{"sockperf_udp_65507.txt", 81.223, 78.931, 134.813, 36.154, 3385},
+		{"sockperf_tcp_65507.txt", 19.882, 19.353, 27.620, 16.963, 13817},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			r, err := parseSockperf(fixture(t, tc.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !near(r.MeanUs, tc.mean) || !near(r.P50Us, tc.p50) || !near(r.P99Us, tc.p99) || !near(r.MinUs, tc.minv) || r.Observations != tc.obs {
+				t.Errorf("got %+v", r)
+			}
+		})
+	}
+	// sockperf exits 0 in all of these: the parser is the failure detector.
+	for file, want := range map[string]string{
+		"sockperf_invalid_size.txt": "Invalid message size: 8 (min: 14)",
+		"sockperf_udp_noserver.txt": "No messages were received",
+		"sockperf_tcp_noserver.txt": "Connection refused",
+		"ucx_tag_lat_8_p50.txt":     "no \"Summary",
+		"iperf3_tcp_131072.json":    "no \"Summary",
+		"fi_pingpong_noserver.txt":  "no \"Summary",
+		"xmx_pingpong_lines.json":   "no \"Summary",
+		"linkbench_rounds1.json":    "no \"Summary",
+	} {
+		_, err := parseSockperf(fixture(t, file))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got error %v, want one containing %q", file, err, want)
+		}
+	}
+}
+
+func TestParseIperf3JSON(t *testing.T) {
+	r, err := parseIperf3JSON([]byte(fixture(t, "iperf3_tcp_131072.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !near(r.ReceiverMBps, 33824660497.219357/8e6) || r.Retransmits != 1457 || r.LostPercent != 0 {
+		t.Errorf("tcp: got %+v", r)
+	}
+	r, err = parseIperf3JSON([]byte(fixture(t, "iperf3_udp_1472.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// UDP: the receiver's rate, not the sender's.
+	if !near(r.ReceiverMBps, 6021032742.922165/8e6) || !near(r.SenderMBps, 6970012269.64418/8e6) || !near(r.LostPercent, 13.609562426085487) {
+		t.Errorf("udp: got %+v", r)
+	}
+	// A warning line before the JSON is tolerated.
+	if _, err := parseIperf3JSON([]byte("warning: UDP block size 1472 exceeds TCP MSS 1448\n" + fixture(t, "iperf3_udp_64.json"))); err != nil {
+		t.Errorf("udp with a warning first: %v", err)
+	}
+	_, err = parseIperf3JSON([]byte(fixture(t, "iperf3_noserver.json")))
+	if err == nil || !strings.Contains(err.Error(), "unable to connect to server") {
+		t.Errorf("no server: got %v", err)
+	}
+	if _, err := parseIperf3JSON([]byte("iperf3: parameter error - block size invalid")); err == nil {
+		t.Error("not JSON: no error")
+	}
+}
+
+func TestParseLinkbenchJSON(t *testing.T) {
+	rows, err := parseLinkbenchJSON([]byte(fixture(t, "linkbench_rounds1.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0].System != "afxdp-spin" || !near(rows[0].RTTP50us, 3.023) || !near(rows[1].FramesPerSec, 571569.5189937991) {
+		t.Errorf("got %+v", rows)
+	}
+	if _, err := parseLinkbenchJSON([]byte("[]")); err == nil {
+		t.Error("no rows: no error")
+	}
+	if _, err := parseLinkbenchJSON([]byte(`[{"system":"afxdp-spin"}]`)); err == nil {
+		t.Error("row without figures: no error")
+	}
+}
+
+func TestParseXMXJSON(t *testing.T) {
+	pts, err := parseXMXJSON([]byte(fixture(t, "xmx_pingpong_lines.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != 2 || pts[0].Size != 8 || *pts[0].P50us != 3.1 || *pts[1].MinUs != 2.8 || pts[0].MBps != nil {
+		t.Errorf("lines: got %+v", pts)
+	}
+	pts, err = parseXMXJSON([]byte(fixture(t, "xmx_stream_array.json")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pts) != 2 || pts[1].Size != 1<<20 || *pts[1].MBps != 1234.5 || pts[0].P50us != nil {
+		t.Errorf("array: got %+v", pts)
+	}
+	// Captured from the draft commands: extra fields are ignored.
+	pts, err = parseXMXJSON([]byte(fixture(t, "xmx_pingpong_draft.json")))
+	if err != nil || len(pts) != 1 || pts[0].Size != 8 || *pts[0].P50us != 2.1635 || *pts[0].P99us != 1294.5145 {
+		t.Errorf("pingpong draft: %+v %v", pts, err)
+	}
+	pts, err = parseXMXJSON([]byte(fixture(t, "xmx_stream_draft.json")))
+	if err != nil || len(pts) != 1 || pts[0].Size != 65536 || *pts[0].MBps != 1.29314697636954 || pts[0].P50us != nil {
+		t.Errorf("stream draft: %+v %v", pts, err)
+	}
+	if pts, err := parseXMXJSON([]byte(`{"size":8,"mean_us":2}`)); err != nil || len(pts) != 1 {
+		t.Errorf("one object: %v %v", pts, err)
+	}
+	for _, bad := range []string{"", "not json", `{"p50_us":1}`, `{"size":8}`, `[{"size":8,"p50_us":1},]`} {
+		if _, err := parseXMXJSON([]byte(bad)); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+}
+
+func TestParseSizes(t *testing.T) {
+	got, err := parseSizes("1M, 8,64,1K,8,4k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []int{8, 64, 1024, 4096, 1 << 20}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	for _, bad := range []string{"", "0", "-8", "abc", "32M", ","} {
+		if _, err := parseSizes(bad); err == nil {
+			t.Errorf("%q: no error", bad)
+		}
+	}
+	for n, want := range map[int]string{8: "8", 1000: "1000", 1024: "1K", 65536: "64K", 1 << 20: "1M", 1500: "1500"} {
+		if got := sizeLabel(n); got != want {
+			t.Errorf("sizeLabel(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestFlags(t *testing.T) {
+	usageOut = io.Discard
+	defer func() { usageOut = os.Stderr }()
+	c, err := parseFlags([]string{"--quick"})
+	if err != nil || c.rounds != 1 || len(c.sizes) != len(quickSizes) {
+		t.Errorf("--quick: %+v %v", c, err)
+	}
+	c, err = parseFlags([]string{"--rounds", "2", "--sizes", "8,1M", "--only", "ucx,sockperf", "--keep-lab", "--out", "/x"})
+	if err != nil || c.rounds != 2 || len(c.sizes) != 2 || len(c.only) != 2 || !c.keepLab || c.out != "/x" {
+		t.Errorf("flags: %+v %v", c, err)
+	}
+	if !matchOnly("sockperf", "sockperf-udp") || matchOnly("sock", "sockperf-udp") || !matchOnly("ucx", "ucx") {
+		t.Error("matchOnly")
+	}
+	for _, bad := range [][]string{{"--only", "nosuch"}, {"--rounds", "-1"}, {"--sizes", "x"}, {"extra"}, {"--many-clients"}} {
+		if _, err := parseFlags(bad); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
