@@ -75,6 +75,12 @@ type engine struct {
 	badFrames uint64 // frames that failed to decode or name no endpoint
 	// +checklocks:mu
 	visiting bool // the driver is inside RecvVisit: nobody may call the link
+	// Pull budget: frames asked for by all pulls and not arrived yet, at
+	// most maxPullFrames (half the link's receive buffering).
+	// +checklocks:mu
+	pullFrames, maxPullFrames int
+	// +checklocks:mu
+	starved int // pulls waiting for budget
 
 	txMu sync.Mutex // serialises flushes so frames leave in queue order
 	// +checklocks:txMu
@@ -146,6 +152,7 @@ func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostna
 		bgDone:      make(chan struct{}),
 		hostReplies: map[string][6]byte{},
 	}
+	g.maxPullFrames = maxPullFrames
 	g.waker, _ = link.(xdp.Waker)
 	g.visitor, _ = link.(xdp.FrameVisitor)
 	g.builder, _ = link.(xdp.FrameBuilder)
@@ -580,6 +587,11 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		}
 	}
 }
+
+// maxPullFrames bounds the frames all pulls of an engine have asked for
+// and not received: half the receive half of a default AF_XDP UMEM (2048
+// frames), so that many clients pulled at once never overflow the ring.
+const maxPullFrames = 1024
 
 // lingerAPI is how long the background goroutine stays away after an API
 // call waited, so that a loop of waits never hands the token back and

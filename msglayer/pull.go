@@ -21,10 +21,12 @@ type pull struct {
 	got          uint32 // bytes received
 	lastProgress int64
 	blocks       []pullBlock
+	starved      bool // waits for the engine's pull budget
 }
 
 type pullBlock struct {
 	active         bool
+	frames         int // frames of the block, counted in the engine's budget
 	offset, length uint32
 	want           uint32 // frames still missing
 	sentAt         int64
@@ -58,20 +60,59 @@ func (e *Endpoint) startPull(r *request, p *peer, rndvID, total uint32, now int6
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) requestBlocks(pl *pull, now int64) {
+	g := e.eng
 	blockBytes := pl.frameBytes * pullBlockFrames
 	for i := range pl.blocks {
 		b := &pl.blocks[i]
 		if b.active || pl.next >= pl.total {
 			continue
 		}
+		length := min(blockBytes, pl.total-pl.next)
+		frames := int((length + pl.frameBytes - 1) / pl.frameBytes)
+		// Every frame asked for lands in the link's receive ring, shared
+		// by all pulls of the engine: ask for no more than it can hold,
+		// or the ring overflows and the frames are asked for again.
+		if g.pullFrames+frames > g.maxPullFrames && g.pullFrames > 0 {
+			if !pl.starved {
+				pl.starved = true
+				g.starved++
+			}
+			return
+		}
+		g.pullFrames += frames
 		b.active = true
 		b.offset = pl.next
-		b.length = min(blockBytes, pl.total-pl.next)
-		frames := (b.length + pl.frameBytes - 1) / pl.frameBytes
+		b.length = length
+		b.frames = frames
 		b.want = uint32(uint64(1)<<frames - 1)
 		b.retries = 0
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
+	}
+}
+
+// blockDone returns a finished (or abandoned) block's frames to the
+// engine's pull budget and lets pulls that waited for it go on.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) blockDone(b *pullBlock, now int64) {
+	g := e.eng
+	if !b.active {
+		return
+	}
+	b.active = false
+	g.pullFrames -= b.frames
+	if g.starved == 0 {
+		return
+	}
+	for _, ep := range g.epList {
+		for _, pl := range ep.pulls {
+			if pl.starved && g.pullFrames < g.maxPullFrames {
+				pl.starved = false
+				g.starved--
+				ep.requestBlocks(pl, now)
+			}
+		}
 	}
 }
 
@@ -213,7 +254,7 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		pl.got += n
 		pl.lastProgress = now
 		if b.want == 0 {
-			b.active = false
+			e.blockDone(b, now)
 			e.requestBlocks(pl, now)
 		}
 		if pl.got >= pl.total {
@@ -260,6 +301,14 @@ func (e *Endpoint) pullTimers(id uint32, pl *pull, now int64) int64 {
 // +checklocks:e.eng.mu
 func (e *Endpoint) endPull(id uint32, pl *pull, code Code) {
 	delete(e.pulls, id)
+	if pl.starved {
+		pl.starved = false
+		e.eng.starved--
+	}
+	now := e.eng.clock.Now()
+	for i := range pl.blocks {
+		e.blockDone(&pl.blocks[i], now)
+	}
 	pl.peer.pulls--
 	pl.r.pull = nil
 	e.complete(pl.r, code)
