@@ -25,6 +25,9 @@ var commands = map[string]command{
 	"linkbench": {"measure link round trips and frame rates in a fresh veth lab", runLinkBench},
 	"pingpong":  {"latency tool: serve, or measure round trips to a peer per message size", runPingPong},
 	"stream":    {"bandwidth tool: serve, or stream messages to a peer with a window", runStream},
+	"regbench":  {"registration vs memcpy vs pin-down cache hit per size (the seed's Fig. 6)", runRegBench},
+
+	"manyclients": {"many clients write to one server (the seed's Fig. 9): serve, or run N clients", runManyClients},
 }
 
 // errUsage marks errors in the command line (exit status 2).

@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/internal/netlab"
+)
+
+func TestParseSizes(t *testing.T) {
+	got, err := parseSizes("0,8,1k,64K,1M", 0, 0, 2)
+	if err != nil || len(got) != 5 || got[2] != 1024 || got[3] != 65536 || got[4] != 1<<20 {
+		t.Fatalf("list: %v, %v", got, err)
+	}
+	got, err = parseSizes("", 0, 16, 2)
+	if want := []int{0, 1, 2, 4, 8, 16}; err != nil || len(got) != len(want) {
+		t.Fatalf("sweep: %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []struct {
+		list       string
+		start, end int
+		mult       float64
+	}{{"8,x", 0, 0, 2}, {"-1", 0, 0, 2}, {"", 10, 5, 2}, {"", 0, 10, 1}} {
+		if _, err := parseSizes(bad.list, bad.start, bad.end, bad.mult); !errors.Is(err, errUsage) {
+			t.Errorf("parseSizes(%+v) = %v, want a usage error", bad, err)
+		}
+	}
+}
+
+// TestArgErrors checks that bad command lines fail with a usage error that
+// names the flag, before anything needs root or a network.
+func TestArgErrors(t *testing.T) {
+	cases := []struct {
+		run  func([]string) error
+		args []string
+		want string
+	}{
+		{runPingPong, []string{"-n", "0"}, "-n"},
+		{runPingPong, []string{"-e", "300"}, "-e"},
+		{runPingPong, []string{"-link", "bogus"}, "-link"},
+		{runPingPong, []string{"-sizes", "1x"}, "-sizes"},
+		{runPingPong, []string{"a", "b"}, "PEER"},
+		{runStream, []string{"-window", "0"}, "-window"},
+		{runStream, []string{"-time", "0s"}, "-time"},
+		{runLinkBench, []string{"-rounds", "0"}, "-rounds"},
+		{runLinkBench, []string{"-systems", "nope"}, "nope"},
+		{runRegBench, []string{"-time", "0s"}, "-time"},
+	}
+	for _, c := range cases {
+		err := c.run(c.args)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v; want a usage error naming %q", c.args, err, c.want)
+		}
+	}
+}
+
+// buildTool builds the xmx binary for end-to-end tests.
+func buildTool(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "xmx")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestEndToEnd runs a server on h2 and pingpong and stream clients on h1 of
+// a fresh lab, with -json output parsed back.
+func TestEndToEnd(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	bin := buildTool(t)
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	server := h2.Command(bin, "pingpong", "-i", "eth0")
+	server.Env = append(os.Environ(), "XMX_HOSTNAME=h2")
+	var serverLog bytes.Buffer
+	server.Stderr = &serverLog
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		server.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { server.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			server.Process.Kill()
+			<-done
+		}
+	})
+	client := func(args ...string) []byte {
+		t.Helper()
+		var out []byte
+		var err error
+		// The server may still be opening its endpoint: retry briefly.
+		for try := 0; try < 20; try++ {
+			cmd := h1.Command(bin, args...)
+			cmd.Env = append(os.Environ(), "XMX_HOSTNAME=h1")
+			if out, err = cmd.Output(); err == nil {
+				return out
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			t.Fatalf("xmx %v: %v\n%s\nserver: %s", args, err, ee.Stderr, serverLog.String())
+		}
+		t.Fatalf("xmx %v: %v", args, err)
+		return nil
+	}
+
+	sizes := []int{0, 8, 1024, 65536, 1 << 20}
+	out := client("pingpong", "-i", "eth0", "-e", "1", "-json", "-sizes", "0,8,1k,64k,1M", "-n", "200", "-warmup", "20", "h2")
+	var got []pingResult
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var r pingResult
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("pingpong -json line %q: %v", sc.Text(), err)
+		}
+		got = append(got, r)
+	}
+	if len(got) != len(sizes) {
+		t.Fatalf("pingpong printed %d results, want %d:\n%s", len(got), len(sizes), out)
+	}
+	for i, r := range got {
+		if r.Size != sizes[i] || r.Iterations != 200 || r.MinUs <= 0 || r.MinUs > r.P50us || r.P50us > r.P99us || r.MeanUs < r.MinUs {
+			t.Errorf("pingpong result %+v is inconsistent", r)
+		}
+	}
+
+	// The table form has a header and one line per size.
+	table := client("pingpong", "-i", "eth0", "-e", "2", "-sizes", "8,64", "-n", "100", "-busy", "h2")
+	lines := strings.Split(strings.TrimSpace(string(table)), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "# xmx pingpong") || !strings.Contains(lines[0], "busy-poll") {
+		t.Errorf("pingpong table:\n%s", table)
+	}
+
+	out = client("stream", "-i", "eth0", "-e", "3", "-json", "-sizes", "4k,1M", "-n", "200", "-window", "8", "h2")
+	var streams []streamResult
+	sc = bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var r streamResult
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("stream -json line %q: %v", sc.Text(), err)
+		}
+		streams = append(streams, r)
+	}
+	if len(streams) != 2 || streams[0].Size != 4096 || streams[1].Size != 1<<20 {
+		t.Fatalf("stream results: %+v", streams)
+	}
+	for _, r := range streams {
+		if r.Messages != 200 || r.Received != 200 || r.MBps <= 0 || r.Window != 8 {
+			t.Errorf("stream result %+v", r)
+		}
+	}
+}
