@@ -557,7 +557,10 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		if g.closed.Load() {
 			return ErrClosed
 		}
-		if spins&63 == 63 {
+		// A busy-polling driver turns millions of times a second: look at
+		// the context now and then. A sleeping one turns at most once per
+		// wake-up: look every time, or a cancel waits for many sleeps.
+		if !g.busyPoll || spins&63 == 63 {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -568,8 +571,8 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			if hasDeadline {
 				timeout = min(timeout, time.Until(deadline))
 			}
-			if ctx.Done() != nil && !hasDeadline {
-				// Cancellation without a deadline: look at it now and then.
+			if ctx.Done() != nil {
+				// Cancellation comes without a frame: look at it now and then.
 				timeout = min(timeout, 10*time.Millisecond)
 			}
 			if timeout <= 0 {
