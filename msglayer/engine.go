@@ -550,6 +550,11 @@ func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan stru
 // caller holds the drive token.
 func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 	deadline, hasDeadline := ctx.Deadline()
+	if !g.busyPoll && ctx.Done() != nil && g.waker != nil {
+		// A cancel comes without a frame: let it wake the sleeping driver.
+		stop := context.AfterFunc(ctx, g.waker.Wake)
+		defer stop()
+	}
 	for spins := 0; ; spins++ {
 		if done() {
 			return nil
@@ -571,10 +576,7 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			if hasDeadline {
 				timeout = min(timeout, time.Until(deadline))
 			}
-			if ctx.Done() != nil {
-				// Cancellation comes without a frame: look at it now and then.
-				timeout = min(timeout, 10*time.Millisecond)
-			}
+
 			if timeout <= 0 {
 				timeout = 0
 				if err := ctx.Err(); err != nil {

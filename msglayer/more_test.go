@@ -162,3 +162,31 @@ func TestArgErrors(t *testing.T) {
 		t.Fatalf("ParseAddr = %v, %v", ad, err)
 	}
 }
+
+// TestCancelWakesSleepingWait: a blocking-mode Wait asleep in the kernel
+// returns promptly when its context is cancelled.
+func TestCancelWakesSleepingWait(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, _ := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	r, _ := a.Irecv(1, ^uint64(0), nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := a.Wait(ctx, r)
+		errc <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Wait = %v, want context.Canceled", err)
+		}
+		if el := time.Since(start); el > 100*time.Millisecond {
+			t.Fatalf("cancel noticed after %v", el)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Wait still asleep 5 s after cancel")
+	}
+}
