@@ -3,6 +3,7 @@ package msglayer_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -97,9 +98,11 @@ func BenchmarkStreamAFXDP(b *testing.B) {
 			}
 			raw := res.FramesPerSec() * float64(mtu+xdp.EthHeaderLen)
 			w := labWorld2(b, lab)
-			// Blocking mode: with both ends in one process on two cores, two
-			// spinning drivers would starve the kernel's copy work.
-			a, c := w.pair(b, msglayer.Config{}, msglayer.Config{})
+			// Blocking mode by default: with both ends in one process on two
+			// cores, two spinning drivers starve the kernel's copy work
+			// (XMX_BENCH_BUSY=1 measures busy-poll anyway).
+			busy := os.Getenv("XMX_BENCH_BUSY") != ""
+			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
 			b.ResetTimer()
 			rate := streamMessages(b, a, c, 1<<20, 16, time.Duration(b.N)*100*time.Millisecond)
 			b.StopTimer()
