@@ -78,6 +78,24 @@ func (f *endpointFlags) validate() error {
 	return nil
 }
 
+// parse parses a messaging command's flags and checks the shared ones and
+// that at most one PEER is given.
+func (f *endpointFlags) parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if err := f.validate(); err != nil {
+		return err
+	}
+	if fs.NArg() > 1 {
+		return fmt.Errorf("%w: one PEER at most, got %q", errUsage, fs.Args())
+	}
+	return nil
+}
+
 // defaultInterface picks the only non-loopback interface that is up.
 func defaultInterface() (string, error) {
 	ifs, err := net.Interfaces()

@@ -55,17 +55,8 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	hist := fs.Bool("hist", false, "print a histogram of half round trips per size")
 	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if err := ef.validate(); err != nil {
+	if err := ef.parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 1 {
-		return fmt.Errorf("%w: one PEER at most, got %q", errUsage, fs.Args())
 	}
 	if *iters <= 0 || *warmup < 0 {
 		return fmt.Errorf("%w: -n must be positive and -warmup not negative", errUsage)

@@ -48,17 +48,8 @@ second and the message rate.
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
-	}
-	if err := ef.validate(); err != nil {
+	if err := ef.parse(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 1 {
-		return fmt.Errorf("%w: one PEER at most, got %q", errUsage, fs.Args())
 	}
 	if *window < 1 || *window > 256 {
 		return fmt.Errorf("%w: -window %d: want 1..256", errUsage, *window)
