@@ -27,8 +27,6 @@ package xdp
 import (
 	"errors"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 var (
@@ -214,15 +212,7 @@ func (l *AFXDPLink) visitReady(max int, v Visitor) int {
 	defer l.rxPublish(&p)
 	for p.frames < max && l.rx.cachedCons != end {
 		first := l.rx.cachedCons
-		next, complete := first, false
-		for next != end {
-			last := l.rx.descs[next&l.rx.mask].Options&unix.XDP_PKT_CONTD == 0
-			next++
-			if last {
-				complete = true
-				break
-			}
-		}
+		next, complete := l.packetEnd(first, end)
 		if !complete && next-first < l.rx.size {
 			break // the rest of the packet is not published yet
 		}

@@ -549,15 +549,7 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 	for out < len(bufs) && l.rx.cachedCons != end {
 		first := l.rx.cachedCons
 		// next: one past the packet's last descriptor.
-		next, complete := first, false
-		for next != end {
-			last := l.rx.descs[next&l.rx.mask].Options&unix.XDP_PKT_CONTD == 0
-			next++
-			if last {
-				complete = true
-				break
-			}
-		}
+		next, complete := l.packetEnd(first, end)
 		if !complete && next-first < l.rx.size {
 			// The rest of the packet is not published yet: leave it, and
 			// its frames, on the ring for a later call.
@@ -915,4 +907,20 @@ func (l *AFXDPLink) Close() error {
 	note("close eventfd", unix.Close(l.efd))
 	note("close wake eventfd", unix.Close(l.wk.fd))
 	return errors.Join(errs...)
+}
+
+// packetEnd finds the end of the packet whose first RX descriptor is at
+// first, looking no further than end: one past its last descriptor (the
+// first without XDP_PKT_CONTD), and whether that descriptor was found.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) packetEnd(first, end uint32) (next uint32, complete bool) {
+	for next = first; next != end; {
+		last := l.rx.descs[next&l.rx.mask].Options&unix.XDP_PKT_CONTD == 0
+		next++
+		if last {
+			return next, true
+		}
+	}
+	return next, false
 }
