@@ -180,28 +180,42 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 	streams := map[msglayer.Addr]*stream{}
 	grp := e.NewGroup()
 	var bufs [][]byte
+	var reqs []msglayer.Request
+	size := 64 << 10 // the buffer size of every posted receive
 	post := func(i int) error {
-		_, err := grp.Irecv(0, 0, [][]byte{bufs[i]}, i)
+		if len(bufs[i]) < size {
+			bufs[i] = make([]byte, size)
+		}
+		r, err := grp.Irecv(0, 0, [][]byte{bufs[i]}, i)
+		reqs[i] = r
 		return err
 	}
-	grow := func(n, size int) error {
-		size = min(max(size, 64), maxSize)
-		for i := range bufs {
-			if len(bufs[i]) < size {
-				// Posted receives keep their old buffer; it is replaced
-				// when it comes back.
-				bufs[i] = nil
+	// grow makes sure n receives of at least want bytes are posted.
+	grow := func(n, want int) error {
+		want = min(max(want, 64), maxSize)
+		if want > size {
+			size = want
+			// Receives posted with smaller buffers are taken back and
+			// posted again; the one that just completed is reposted by
+			// the loop.
+			for i := range bufs {
+				if ok, _ := e.Cancel(reqs[i]); ok {
+					if err := post(i); err != nil {
+						return err
+					}
+				}
 			}
 		}
 		for len(bufs) < n {
-			bufs = append(bufs, make([]byte, size))
+			bufs = append(bufs, nil)
+			reqs = append(reqs, msglayer.Request{})
 			if err := post(len(bufs) - 1); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	if err := grow(4, 64<<10); err != nil {
+	if err := grow(4, size); err != nil {
 		return err
 	}
 	reply := make([]byte, 16)
@@ -217,26 +231,21 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 			fmt.Fprintf(log, "xmx server: %v\n", err)
 		}
 		i, isRecv := st.Context.(int)
-		if !isRecv {
-			continue // a send of ours completed
+		if !isRecv || st.Code == msglayer.Cancelled {
+			continue // a send of ours, or a receive grow took back
 		}
-		buf := bufs[i]
-		if buf == nil {
-			buf = make([]byte, maxSize)
-			bufs[i] = buf
-		}
-		kind, data := st.Match>>kindShift, buf[:st.XferLen]
+		kind, data := st.Match>>kindShift, bufs[i][:st.XferLen]
 		switch kind {
 		case kindHello:
-			size, window := 64<<10, 1
+			want, window := 64<<10, 1
 			if len(data) >= 8 {
-				size = int(binary.BigEndian.Uint32(data[0:]))
+				want = int(binary.BigEndian.Uint32(data[0:]))
 				window = int(binary.BigEndian.Uint32(data[4:]))
 			}
-			if size > maxSize {
-				fmt.Fprintf(log, "xmx server: %v asks for %d-byte messages, above -max-size %d: they will be truncated\n", st.Source, size, maxSize)
+			if want > maxSize {
+				fmt.Fprintf(log, "xmx server: %v asks for %d-byte messages, above -max-size %d: they will be truncated\n", st.Source, want, maxSize)
 			}
-			if err := grow(min(window, 256)+4, size); err != nil {
+			if err := grow(min(window, 256)+4, want); err != nil {
 				return err
 			}
 			streams[st.Source] = &stream{}

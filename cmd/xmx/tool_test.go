@@ -138,6 +138,14 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 
+	// A client asking for larger messages than any before: the server
+	// must take back the receives it posted with smaller buffers.
+	big := client("pingpong", "-i", "eth0", "-e", "4", "-json", "-sizes", "4M", "-n", "5", "-warmup", "1", "h2")
+	var r4 pingResult
+	if err := json.Unmarshal(bytes.TrimSpace(big), &r4); err != nil || r4.Size != 4<<20 {
+		t.Fatalf("4 MiB pingpong after smaller ones: %v\n%s", err, big)
+	}
+
 	// The table form has a header and one line per size.
 	table := client("pingpong", "-i", "eth0", "-e", "2", "-sizes", "8,64", "-n", "100", "-busy", "h2")
 	lines := strings.Split(strings.TrimSpace(string(table)), "\n")
