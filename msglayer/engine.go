@@ -127,7 +127,7 @@ func (b *txBuilder) Build(i int, buf []byte) int {
 // stays in place even though the engine lock is not held.
 func (j *pullJob) build(buf []byte) int {
 	copy(buf, j.hdr[:])
-	copyFromSegs(buf[len(j.hdr):len(j.hdr)+j.n], j.r.dataSrc(), j.off)
+	copyFromSegs(buf[len(j.hdr):len(j.hdr)+j.n], j.r.segs, j.off)
 	return frameLen(tPullReply, j.n)
 }
 
@@ -226,12 +226,6 @@ func (g *engine) queue(buf []byte, slot *txSlot) {
 		slot.pending++
 	}
 	g.txq = append(g.txq, txEntry{buf: buf, slot: slot})
-}
-
-// flush sends the queued frames.
-func (g *engine) flush() {
-	g.mu.Lock()
-	g.flushAndUnlock()
 }
 
 // flushAndUnlock sends the queued frames and releases the engine lock,

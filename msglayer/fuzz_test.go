@@ -551,7 +551,8 @@ func (fp *fuzzPair) drive(g *engine) int {
 		}
 		g.runTimers(now)
 	}()
-	g.flush()
+	g.mu.Lock()
+	g.flushAndUnlock()
 	return n
 }
 
@@ -656,7 +657,8 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 	if badEager && dEager == 0 { // (more: frames held out of order behind it may be bad too)
 		t.Fatalf("frame % x: inconsistent eager header, bad-frame count went up by %d", f, dEager)
 	}
-	g.flush()
+	g.mu.Lock()
+	g.flushAndUnlock()
 }
 
 func b2u(b bool) uint64 {

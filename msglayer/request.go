@@ -54,7 +54,6 @@ type request struct {
 	framed   int    // bytes of an eager message already framed
 	unacked  int    // reliable frames of this message not yet acked
 	buffered bool   // the user's buffer is no longer needed
-	copyBuf  []byte // the data of an eager message converted to rendezvous
 	sprev    *request
 	snext    *request // peer's send queue (waiting for window space)
 	// txRefs counts pull replies queued to be built from this send's data;
@@ -92,15 +91,6 @@ type Request struct {
 // valid reports whether the handle still refers to its request. The
 // caller holds the engine lock.
 func (h Request) valid() bool { return h.r != nil && h.r.gen == h.gen }
-
-// dataSrc returns the bytes a send reads from: the user's segments or,
-// for a converted eager message, the engine's copy.
-func (r *request) dataSrc() [][]byte {
-	if r.copyBuf != nil {
-		return [][]byte{r.copyBuf}
-	}
-	return r.segs
-}
 
 // copyFromSegs copies into dst the bytes of segs starting at offset off
 // and returns how many it copied.

@@ -568,7 +568,9 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 		r.framed = r.length
 		p.removeSend(r)
 	}
-	r.copyBuf, r.rndv, r.buffered = buf, true, true
+	// From now on the send reads from the engine's copy, not the user's
+	// buffers (which the user may already have reused).
+	r.segs, r.rndv, r.buffered = [][]byte{buf}, true, true
 	r.rndvID = e.newID()
 	e.rndvs[r.rndvID] = r
 	p.rndvs++
