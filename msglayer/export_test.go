@@ -23,3 +23,19 @@ func (e *Endpoint) DebugPeer(a Addr) string {
 	}
 	return s
 }
+
+// EagerFrame decodes an eager data frame for tests that drop chosen
+// frames: its sequence number, match info, offset, payload length and
+// message length.
+func EagerFrame(f []byte) (seq uint32, match uint64, offset, n, msgLen uint32, ok bool) {
+	h, err := decodeHeader(f)
+	if err != nil || h.typ != tEager {
+		return 0, 0, 0, 0, 0, false
+	}
+	th, payload := typeHdr(f, &h)
+	var eh eagerHdr
+	if eh.decode(th, len(payload)) != nil {
+		return 0, 0, 0, 0, 0, false
+	}
+	return h.seq, eh.match, eh.offset, uint32(len(payload)), eh.msgLen, true
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,5 +189,101 @@ func TestCancelWakesSleepingWait(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Wait still asleep 5 s after cancel")
+	}
+}
+
+// dropLink drops the first transmission of the frames drop chooses.
+type dropLink struct {
+	xdp.Link
+	mu      sync.Mutex
+	drop    func(f []byte) (key uint32, ok bool)
+	dropped map[uint32]bool
+}
+
+func (l *dropLink) Send(frames [][]byte) (int, error) {
+	l.mu.Lock()
+	kept := frames[:0:0]
+	for _, f := range frames {
+		if k, ok := l.drop(f); ok && !l.dropped[k] {
+			l.dropped[k] = true
+			continue
+		}
+		kept = append(kept, f)
+	}
+	l.mu.Unlock()
+	if _, err := l.Link.Send(kept); err != nil {
+		return 0, err
+	}
+	return len(frames), nil
+}
+
+// TestConvertedSendCompletesOnlyWhenAcked is the many-clients hang: an
+// eager send the receiver refused is converted to a rendezvous and pulled,
+// and the notify arrives while one of its frames (lost) is still unacked.
+// The send must not be recycled while a window slot still names it: the
+// next send, reusing it, would then never complete.
+func TestConvertedSendCompletesOnlyWhenAcked(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	const size = 16 << 10
+	dl := &dropLink{Link: la, dropped: map[uint32]bool{}, drop: func(f []byte) (uint32, bool) {
+		// The last fragment of message 1.
+		seq, match, off, n, msgLen, ok := msglayer.EagerFrame(f)
+		return seq, ok && match == 1 && off > 0 && off+n == msgLen
+	}}
+	slow := 200 * time.Millisecond // the lost frame is retransmitted late
+	a := openEP(t, msglayer.Config{Link: dl, EndpointID: 1, Key: 1, BusyPoll: true, RendezvousThreshold: 64 << 10,
+		InitialRTO: slow, MinRTO: slow})
+	b := openEP(t, msglayer.Config{Link: lb, EndpointID: 2, Key: 2, BusyPoll: true, UnexpectedBytes: size + size/2})
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Connect(ctx, a.Addr(), 1); err != nil {
+		t.Fatal(err)
+	}
+	send := func(i, n int) msglayer.Request {
+		t.Helper()
+		r, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, n)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// Message 0 fills the receiver's unexpected memory; message 1 is refused.
+	if _, err := a.Wait(ctx, send(0, size)); err != nil {
+		t.Fatal(err)
+	}
+	r1 := send(1, size)
+	for a.Counters().EagerConverted == 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("message 1 was never converted\nsender %+v\nreceiver %+v", a.Counters(), b.Counters())
+		}
+		a.TestAny(0, 0)
+		b.Iprobe(0, 0)
+	}
+	for i := 0; i < 2; i++ {
+		buf := make([]byte, size)
+		r, _ := b.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+		if _, err := b.Wait(ctx, r); err != nil {
+			t.Fatalf("receive %d: %v", i, err)
+		}
+		checkMessage(t, buf, i, size)
+	}
+	if _, err := a.Wait(ctx, r1); err != nil {
+		t.Fatalf("converted send: %v", err)
+	}
+	// The next sends reuse message 1's request.
+	for i := 2; i < 6; i++ {
+		r := send(i, 100)
+		buf := make([]byte, 100)
+		rr, _ := b.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+		if _, err := b.Wait(ctx, rr); err != nil {
+			t.Fatalf("receive %d: %v", i, err)
+		}
+		if _, err := a.Wait(ctx, r); err != nil {
+			t.Fatalf("send %d after a converted send: %v\n%s", i, err, a.DebugPeer(b.Addr()))
+		}
 	}
 }

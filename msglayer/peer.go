@@ -338,6 +338,19 @@ func (p *peer) onAck(ack uint32, now int64) {
 	p.pump(now)
 }
 
+// detach unlinks r from the window slots that still name it, so that it
+// can complete and be reused while they wait for their acks.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) detach(r *request) {
+	for seq := p.acked; seq != p.nextSeq && r.unacked > 0; seq++ {
+		if s := &p.win[seq%uint32(len(p.win))]; s.req == r {
+			s.req = nil
+			r.unacked--
+		}
+	}
+}
+
 // rttSample updates the round-trip estimate (RFC 6298) from one sample
 // and derives the retransmission timeout.
 func (p *peer) rttSample(rtt int64) {

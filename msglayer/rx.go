@@ -262,6 +262,12 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			p.rndvs--
 			r.status.XferLen = int(n.xferLen)
 			r.buffered = true
+			if r.unacked > 0 {
+				// The notify overtook the acks of frames of the message
+				// that were lost (a converted eager message's tail):
+				// they are no-ops now, and the request will be reused.
+				p.detach(r)
+			}
 			e.complete(r, n.code)
 		}
 		return accepted

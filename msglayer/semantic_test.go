@@ -149,6 +149,7 @@ func runSemantic(t *testing.T, w world) {
 	t.Run("CancelForget", func(t *testing.T) { testCancelForget(t, w) })
 	t.Run("UnexpectedHandler", func(t *testing.T) { testHandler(t, w) })
 	t.Run("UnexpectedBound", func(t *testing.T) { testUnexpectedBound(t, w) })
+	t.Run("ConvertedStream", func(t *testing.T) { testConvertedStream(t, w) })
 	t.Run("ConcurrentWaits", func(t *testing.T) { testConcurrentWaits(t, w) })
 	t.Run("WrongKey", func(t *testing.T) { testWrongKey(t, w) })
 	t.Run("PeerRestart", func(t *testing.T) { testPeerRestart(t, w) })
@@ -465,6 +466,68 @@ func testUnexpectedBound(t *testing.T, w world) {
 			n*size>>10, bound>>10, cb.EagerRefused, ca.EagerConverted)
 	}
 	t.Logf("refused %d eager messages, sender converted %d to rendezvous", cb.EagerRefused, ca.EagerConverted)
+}
+
+// testConvertedStream streams eager messages into a receiver that posts
+// its receives late and has room for few of them, with a window of sends
+// in flight whose requests are recycled as they complete: every refused
+// message must be converted to a rendezvous, delivered intact and in
+// order, and every send must complete.
+func testConvertedStream(t *testing.T, w world) {
+	const bound, size, n, window = 48 << 10, 40 << 10, 120, 6
+	a, b := w.pair(t, msglayer.Config{RendezvousThreshold: 64 << 10}, msglayer.Config{UnexpectedBytes: bound})
+	ctx := ctxFor(t, 60*time.Second)
+	recvDone := make(chan error, 1)
+	go func() {
+		buf := make([]byte, size)
+		for i := 0; i < n; i++ {
+			if i%8 == 0 {
+				time.Sleep(3 * time.Millisecond) // let the flood pile up
+			}
+			r, err := b.Irecv(0, 0, [][]byte{buf}, nil)
+			if err != nil {
+				recvDone <- err
+				return
+			}
+			st, err := b.Wait(ctx, r)
+			if err != nil {
+				recvDone <- fmt.Errorf("receive %d: %w", i, err)
+				return
+			}
+			if st.Match != uint64(i) || !bytes.Equal(buf, message(i, size)) {
+				recvDone <- fmt.Errorf("receive %d: got message %d, intact %v", i, st.Match, bytes.Equal(buf, message(int(st.Match), size)))
+				return
+			}
+		}
+		recvDone <- nil
+	}()
+	var inflight []msglayer.Request
+	for i := 0; i < n; i++ {
+		if len(inflight) == window {
+			if _, err := a.Wait(ctx, inflight[0]); err != nil {
+				t.Fatalf("send %d: %v\nsender %+v\nreceiver %+v\n%s", i-window, err, a.Counters(), b.Counters(), a.DebugPeer(b.Addr()))
+			}
+			inflight = inflight[1:]
+		}
+		r, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, size)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inflight = append(inflight, r)
+	}
+	for j, r := range inflight {
+		if _, err := a.Wait(ctx, r); err != nil {
+			t.Fatalf("send %d: %v\nsender %+v\nreceiver %+v\n%s", n-len(inflight)+j, err, a.Counters(), b.Counters(), a.DebugPeer(b.Addr()))
+		}
+	}
+	if err := <-recvDone; err != nil {
+		t.Fatal(err)
+	}
+	ca, cb := a.Counters(), b.Counters()
+	t.Logf("refused %d eager messages, sender converted %d", cb.EagerRefused, ca.EagerConverted)
+	if ca.EagerConverted == 0 {
+		t.Errorf("no eager send was converted (refused %d): the test did not exercise conversion", cb.EagerRefused)
+	}
 }
 
 func testConcurrentWaits(t *testing.T, w world) {
