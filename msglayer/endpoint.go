@@ -269,6 +269,7 @@ func Open(cfg Config) (*Endpoint, error) {
 	g.eps[e.id] = e
 	g.epList = append(g.epList, e)
 	g.mu.Unlock()
+	registerPublished(e)
 	return e, nil
 }
 
@@ -381,6 +382,7 @@ func (e *Endpoint) Counters() Counters {
 
 // Close closes the endpoint: every pending request completes with Closed.
 func (e *Endpoint) Close() error {
+	unregisterPublished(e)
 	g := e.eng
 	g.mu.Lock()
 	if e.closed {
