@@ -30,8 +30,9 @@ import (
 )
 
 var (
-	errNilBuilder = errors.New("nil Builder")
-	errNilVisitor = errors.New("nil Visitor")
+	errNilBuilder  = errors.New("nil Builder")
+	errNilVisitor  = errors.New("nil Visitor")
+	errNilGatherer = errors.New("nil Gatherer")
 )
 
 // txBatch counts the frames produced on the TX ring but not yet submitted.
@@ -67,7 +68,7 @@ func (l *AFXDPLink) SendBuilt(n int, b Builder) (int, error) {
 	}
 	l.txMu.Lock()
 	defer l.txMu.Unlock()
-	sent, _, err := l.sendBuiltLocked(0, n, b, nil, 0)
+	sent, _, err := l.sendBuiltLocked(0, n, b, nil, nil, 0)
 	return sent, err
 }
 
@@ -81,22 +82,28 @@ func (l *AFXDPLink) sendBuiltRouted(from, n int, b Builder, m *AFXDPMultiLink, q
 	}
 	l.txMu.Lock()
 	defer l.txMu.Unlock()
-	return l.sendBuiltLocked(from, n, b, m, q)
+	return l.sendBuiltLocked(from, n, b, nil, m, q)
 }
 
-// sendBuiltLocked builds and sends frames from..n-1 of b and returns the
-// index of the first frame not sent. With a multi-queue link m, a frame that
+// sendBuiltLocked builds and sends frames from..n-1 of b (or, with g set,
+// gathers them from g) and returns the index of the first frame not sent.
+// A gathered tail gets descriptors of its own in multi-buffer mode and is
+// copied behind its head otherwise. With a multi-queue link m (never with
+// g), a frame that
 // m routes to a queue other than q is not sent: it is copied into m.spill,
 // sendBuiltLocked returns its index and its length as spilled, and m sends it
 // on its own queue.
 //
 // +checklocks:l.txMu
-func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, m *AFXDPMultiLink, q int) (next, spilled int, err error) {
+func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDPMultiLink, q int) (next, spilled int, err error) {
 	var p txBatch
 	defer l.txCommit(&p) // publishes what was built should Build panic
 	// A frame's length is known only once built: secure the TX ring entries
-	// of the longest.
+	// of the longest (with a tail that may start anywhere in a frame).
 	nd := uint32(l.txDescs(l.maxFrame))
+	if g != nil && l.sg {
+		nd += uint32(l.maxFrame/int(l.frameSize)) + 2
+	}
 	maxLen := uint64(l.maxFrame)
 	i := from
 	var stalledSince time.Time
@@ -109,18 +116,37 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, m *AFXDPMultiLink, q
 			}
 			base := l.txFree[len(l.txFree)-1]
 			buf := l.umem[base : base+maxLen : base+maxLen]
-			size := b.Build(i, buf)
+			var size int
+			var tail Span
+			if g != nil {
+				size, tail = g.Gather(i, buf)
+			} else {
+				size = b.Build(i, buf)
+			}
 			if err := checkBuilt(size, l.maxFrame); err != nil {
 				bad = err
 				break
+			}
+			if tail != (Span{}) {
+				if err := checkSpan(tail, l, size, l.maxFrame); err != nil {
+					bad = err
+					break
+				}
+				if !l.sg {
+					size += copy(buf[size:], tail.Buf.mem[tail.Off:tail.Off+tail.Len])
+					tail = Span{}
+				}
 			}
 			if m != nil && m.queueFor(buf[:size]) != q {
 				spilled = copy(m.spill, buf[:size])
 				break
 			}
-			l.queueSlot(base, size)
+			l.queueSlot(base, size, tail.Buf != nil)
+			if tail.Buf != nil {
+				l.queueTail(tail)
+			}
 			p.frames++
-			p.bytes += uint64(size)
+			p.bytes += uint64(size + tail.Len)
 			i++
 		}
 		if p.frames > 0 {

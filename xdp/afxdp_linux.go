@@ -75,6 +75,12 @@ type AFXDPConfig struct {
 	// SendTimeout bounds how long Send waits for transmit space before
 	// failing with ErrTxStalled (0 → 1 s).
 	SendTimeout time.Duration
+
+	// BufferBytes is the size of the buffer area, UMEM lent by AllocBuffer
+	// for frames sent without a copy (SendGather), rounded up to whole
+	// frames; 0: none. Its tails become TX descriptors of their own only in
+	// multi-buffer mode (set MultiBuffer); otherwise they are copied.
+	BufferBytes int
 }
 
 // AFXDPLink is a Link on one AF_XDP socket bound to one (interface, queue).
@@ -164,6 +170,19 @@ type AFXDPLink struct {
 	// +checklocks:txMu
 	txPoll [2]unix.PollFd
 
+	// The buffer area (AllocBuffer): UMEM frames from bufBase on, lent to
+	// callers, guarded by txMu like the rest of the send side. bufOwner
+	// names the buffer holding each of its frames (nil: idle); bufLive
+	// counts the buffers not freed: the UMEM stays mapped after Close
+	// until it is 0 (umemKept).
+	bufBase uint64
+	// +checklocks:txMu
+	bufOwner []*Buffer
+	// +checklocks:txMu
+	bufLive int
+	// +checklocks:txMu
+	umemKept bool
+
 	rxFrames, rxBytes, rxTrunc atomic.Uint64
 	txFrames, txBytes, txErrs  atomic.Uint64
 	wakeups, badDescs          atomic.Uint64
@@ -178,6 +197,7 @@ var (
 	_ Waker        = (*AFXDPLink)(nil)
 	_ FrameBuilder = (*AFXDPLink)(nil)
 	_ FrameVisitor = (*AFXDPLink)(nil)
+	_ BufferLink   = (*AFXDPLink)(nil)
 )
 
 // bindBusyWait bounds how long bind retries while the queue is still held
@@ -215,6 +235,10 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if cfg.Queue < 0 {
 		return nil, fmt.Errorf("xdp: open AF_XDP: queue %d: must not be negative", cfg.Queue)
 	}
+	if cfg.BufferBytes < 0 || cfg.BufferBytes > 1<<30 {
+		return nil, fmt.Errorf("xdp: open AF_XDP: buffer area of %d bytes: want 0..1 GiB", cfg.BufferBytes)
+	}
+	bufFrames := (cfg.BufferBytes + cfg.FrameSize - 1) / cfg.FrameSize
 	ifi, err := net.InterfaceByName(cfg.Interface)
 	if err != nil {
 		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
@@ -258,7 +282,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	}
 	undo = append(undo, func() { unix.Close(l.fd) })
 
-	l.umem, err = unix.Mmap(-1, 0, cfg.NumFrames*cfg.FrameSize, unix.PROT_READ|unix.PROT_WRITE,
+	l.umem, err = unix.Mmap(-1, 0, (cfg.NumFrames+bufFrames)*cfg.FrameSize, unix.PROT_READ|unix.PROT_WRITE,
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return nil, fail("map UMEM", err)
@@ -316,6 +340,8 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	l.fill.cachedProd = size
 	l.fill.submit()
 	l.initTxFree(cfg.NumFrames)
+	l.bufBase = uint64(cfg.NumFrames) * l.frameSize
+	l.bufOwner = make([]*Buffer, bufFrames)
 	if l.sg {
 		l.rxScratch = make([]byte, 0, l.maxFrame)
 	}
@@ -690,23 +716,24 @@ func (l *AFXDPLink) initTxFree(numFrames int) {
 func (l *AFXDPLink) queueFrame(f []byte) {
 	base := l.txFree[len(l.txFree)-1]
 	copy(l.umem[base:base+l.txSlot], f)
-	l.queueSlot(base, len(f))
+	l.queueSlot(base, len(f), false)
 }
 
 // queueSlot takes the idle send slot at base off the top of txFree and
 // produces the descriptors of the size-byte frame written there (not yet
 // submitted): FrameSize bytes per descriptor, in consecutive UMEM frames,
-// XDP_PKT_CONTD on all but the last.
+// XDP_PKT_CONTD on all but the last, and on the last too when more
+// descriptors (a gathered tail) follow.
 //
 // +checklocks:l.txMu
-func (l *AFXDPLink) queueSlot(base uint64, size int) {
+func (l *AFXDPLink) queueSlot(base uint64, size int, more bool) {
 	l.txFree = l.txFree[:len(l.txFree)-1]
 	fs := int(l.frameSize)
 	nd := 0
 	for off := 0; ; off += fs {
 		end := min(off+fs, size)
 		var opts uint32
-		if end < size {
+		if end < size || more {
 			opts = unix.XDP_PKT_CONTD
 		}
 		l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: base + uint64(off), Len: uint32(end - off), Options: opts}
@@ -733,6 +760,10 @@ func (l *AFXDPLink) reclaim() {
 	for i := uint32(0); i < n; i++ {
 		addr := l.comp.addrs[l.comp.cachedCons&l.comp.mask] &^ (l.frameSize - 1)
 		l.comp.cachedCons++
+		if addr >= l.bufBase && len(l.bufOwner) > 0 {
+			l.bufCompleted(addr)
+			continue
+		}
 		if l.txPending == nil {
 			l.txFree = append(l.txFree, addr)
 			continue
@@ -900,10 +931,13 @@ func (l *AFXDPLink) Close() error {
 	note("unmap TX ring", l.tx.unmap())
 	note("unmap completion ring", l.comp.unmap())
 	l.txFree = nil
+	// Lent buffers keep the UMEM mapped until the last is freed.
+	l.umemKept = l.bufLive > 0
 	l.txMu.Unlock()
 	note("close socket", unix.Close(l.fd))
-	note("unmap UMEM", unix.Munmap(l.umem))
-	l.umem = nil
+	if !l.umemKept {
+		note("unmap UMEM", unix.Munmap(l.umem))
+	}
 	note("close eventfd", unix.Close(l.efd))
 	note("close wake eventfd", unix.Close(l.wk.fd))
 	return errors.Join(errs...)

@@ -54,8 +54,8 @@ func TestAFXDPConformance(t *testing.T) {
 		name := map[bool]string{false: "poll", true: "spin"}[spin]
 		t.Run(name, func(t *testing.T) {
 			linktest.Run(t, func(tb testing.TB) linktest.Pair {
-				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin})
-				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin})
+				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
+				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
 				return linktest.Pair{A: a, B: b, KernelDrops: kernelDrops(tb, lab)}
 			}, linktest.Options{})
 		})
@@ -298,8 +298,8 @@ func TestAFXDPConformanceMTU3506(t *testing.T) {
 		name := map[bool]string{false: "poll", true: "spin"}[spin]
 		t.Run(name, func(t *testing.T) {
 			linktest.Run(t, func(tb testing.TB) linktest.Pair {
-				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin})
-				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin})
+				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
+				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
 				for _, l := range []*xdp.AFXDPLink{a, b} {
 					if want := "copy drv " + name; l.Info().Mode != want || l.MTU() != vethNativeMaxMTU {
 						tb.Fatalf("%s: MTU %d, mode %q; want MTU %d, mode %q", l.Info().Interface, l.MTU(), l.Info().Mode, vethNativeMaxMTU, want)

@@ -5,6 +5,7 @@ package xdp_test
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -26,8 +27,8 @@ func TestAFXDPConformanceJumbo(t *testing.T) {
 		name := map[bool]string{false: "poll", true: "spin"}[spin]
 		t.Run(name, func(t *testing.T) {
 			linktest.Run(t, func(tb testing.TB) linktest.Pair {
-				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin})
-				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin})
+				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
+				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
 				for _, l := range []*xdp.AFXDPLink{a, b} {
 					// The xdp.frags program runs in driver mode on veth at
 					// MTU 9000; the plain one would have fallen back to skb.
@@ -194,8 +195,8 @@ func TestAFXDPMultiBufferForced(t *testing.T) {
 	lab := netlab.New(t, netlab.Options{Hosts: 2})
 	h1, h2 := lab.Hosts[0], lab.Hosts[1]
 	linktest.Run(t, func(tb testing.TB) linktest.Pair {
-		a := openAFXDP(tb, h1, xdp.AFXDPConfig{MultiBuffer: true})
-		b := openAFXDP(tb, h2, xdp.AFXDPConfig{MultiBuffer: true, FrameSize: 2048})
+		a := openAFXDP(tb, h1, xdp.AFXDPConfig{MultiBuffer: true, BufferBytes: 64 << 10})
+		b := openAFXDP(tb, h2, xdp.AFXDPConfig{MultiBuffer: true, FrameSize: 2048, BufferBytes: 64 << 10})
 		for _, l := range []*xdp.AFXDPLink{a, b} {
 			if !l.MultiBuffer() || !strings.HasSuffix(l.Info().Mode, " sg") {
 				tb.Fatalf("forced multi-buffer: MultiBuffer() %v, mode %q", l.MultiBuffer(), l.Info().Mode)
@@ -261,4 +262,84 @@ func TestAFXDPNoAllocsJumbo(t *testing.T) {
 		a.Close()
 		b.Close()
 	}
+}
+
+// spanSender gathers n frames, each a 60-byte head and a tail of the
+// buffer.
+type spanSender struct {
+	head []byte
+	tail xdp.Span
+}
+
+func (s *spanSender) Gather(_ int, head []byte) (int, xdp.Span) { return copy(head, s.head), s.tail }
+
+// TestAFXDPBufferArea checks the buffer area's accounting: it is handed out
+// until exhausted, a buffer freed while its frames are in flight comes back
+// once they complete, and a buffer outlives the link it came from.
+func TestAFXDPBufferArea(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	const area = 64 << 10
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{MultiBuffer: true, BufferBytes: area})
+	b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{MultiBuffer: true})
+	if !a.GatherZeroCopy() {
+		t.Fatal("a multi-buffer link copies gathered tails")
+	}
+	whole, err := a.AllocBuffer(area)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.AllocBuffer(1); !errors.Is(err, xdp.ErrNoBufferSpace) {
+		t.Fatalf("AllocBuffer beyond the area = %v, want ErrNoBufferSpace", err)
+	}
+	head := make([]byte, 60)
+	copy(head, b.HardwareAddr())
+	copy(head[6:], a.HardwareAddr())
+	head[12], head[13] = 0x88, 0xb5
+	s := &spanSender{head: head, tail: xdp.Span{Buf: whole, Off: 4000, Len: 1000}} // crosses a frame boundary
+	if n, err := a.SendGather(64, s); n != 64 || err != nil {
+		t.Fatalf("SendGather = %d, %v", n, err)
+	}
+	whole.Free()
+	// The area comes back once the frames' completions are reaped (by a
+	// later send).
+	var again *xdp.Buffer
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if _, err := a.Send([][]byte{head}); err != nil {
+			t.Fatal(err)
+		}
+		if again, err = a.AllocBuffer(area); err == nil {
+			break
+		}
+	}
+	if again == nil {
+		t.Fatalf("the area never came back after Free: %v", err)
+	}
+	half, err := a.AllocBuffer(area / 2)
+	if err == nil || half != nil {
+		t.Fatalf("AllocBuffer of a full area = %v, %v", half, err)
+	}
+	again.Free()
+	first, err := a.AllocBuffer(area / 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := a.AllocBuffer(area / 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Free()
+	// Close with a buffer lent: its memory stays usable until freed.
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	clear(second.Bytes())
+	second.Bytes()[len(second.Bytes())-1] = 1
+	if _, err := a.AllocBuffer(10); err == nil {
+		t.Error("AllocBuffer on a closed link succeeded")
+	}
+	if n, err := a.SendGather(1, s); n != 0 || err == nil {
+		t.Errorf("SendGather on a closed link = %d, %v", n, err)
+	}
+	second.Free()
+	second.Free()
 }

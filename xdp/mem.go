@@ -393,6 +393,7 @@ var (
 	_ Link         = (*MemLink)(nil)
 	_ Waker        = (*MemLink)(nil)
 	_ FrameBuilder = (*MemLink)(nil)
+	_ BufferLink   = (*MemLink)(nil)
 	_ FrameVisitor = (*MemLink)(nil)
 )
 
@@ -461,18 +462,57 @@ func (l *MemLink) Send(frames [][]byte) (int, error) {
 	return n, nil
 }
 
+// AllocBuffer implements [BufferLink] with ordinary memory: the in-memory
+// link copies tails (GatherZeroCopy is false).
+func (l *MemLink) AllocBuffer(n int) (*Buffer, error) {
+	if n <= 0 {
+		return nil, l.opErr("allocate buffer", badAlloc(n))
+	}
+	if l.closed.Load() {
+		return nil, l.opErr("allocate buffer", net.ErrClosed)
+	}
+	return &Buffer{mem: make([]byte, n), owner: l}, nil
+}
+
+// freeBuffer marks b freed; sendMu guards the flag, as SendGather reads it.
+func (l *MemLink) freeBuffer(b *Buffer) {
+	l.sendMu.Lock()
+	b.freed = true
+	l.sendMu.Unlock()
+}
+
+// SendGather implements [BufferLink]: tails are copied behind their heads.
+func (l *MemLink) SendGather(n int, g Gatherer) (int, error) {
+	if g == nil {
+		return 0, l.opErr("send", errNilGatherer)
+	}
+	c := gatherCopy{g: g, owner: l, maxLen: l.hub.mtu + EthHeaderLen}
+	sent, err := l.sendBuilt(n, &c)
+	if c.err != nil {
+		return sent, l.opErr("send", c.err)
+	}
+	return sent, err
+}
+
+// GatherZeroCopy implements [BufferLink]: the in-memory link copies.
+func (*MemLink) GatherZeroCopy() bool { return false }
+
 // SendBuilt implements [FrameBuilder]: each frame is built in a frame
 // buffer of the hub's pool, which is queued as it is for its receiver (a
 // broadcast frame is copied for every receiver but the last). Otherwise it
 // behaves as Send.
 func (l *MemLink) SendBuilt(n int, b Builder) (int, error) {
+	if b == nil {
+		return 0, l.opErr("send", errNilBuilder)
+	}
+	return l.sendBuilt(n, b)
+}
+
+func (l *MemLink) sendBuilt(n int, b Builder) (int, error) {
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
 	if l.closed.Load() {
 		return 0, l.opErr("send", net.ErrClosed)
-	}
-	if b == nil {
-		return 0, l.opErr("send", errNilBuilder)
 	}
 	h := l.hub
 	c := h.cfg.Load()

@@ -63,6 +63,8 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("VisitMax", func(t *testing.T) { testVisitMax(t, mk, opts) })
 	t.Run("VisitTimeoutWakeClose", func(t *testing.T) { testVisitWait(t, mk) })
 	t.Run("BuiltVisitedNoAllocs", func(t *testing.T) { testBuiltNoAllocs(t, mk, opts) })
+	// BufferLink.
+	t.Run("Gather", func(t *testing.T) { testGather(t, mk, opts) })
 }
 
 // How a burst moves its frames: with Send or SendBuilt, Recv or RecvVisit,
