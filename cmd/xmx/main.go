@@ -3,6 +3,7 @@
 //	xmx pingpong [flags] [PEER]   latency per message size (server without PEER)
 //	xmx stream [flags] [PEER]     bandwidth with a window of messages in flight
 //	xmx linkbench [flags]         measure the links (AF_XDP, AF_PACKET, the asavie/xdp floor) in a veth lab
+//	xmx info [flags] [IFACE]      interfaces and their XDP abilities, counters of the open endpoints
 //
 // Run "xmx COMMAND -h" for the flags of a command.
 package main
@@ -26,6 +27,7 @@ var commands = map[string]command{
 	"pingpong":  {"latency tool: serve, or measure round trips to a peer per message size", runPingPong},
 	"stream":    {"bandwidth tool: serve, or stream messages to a peer with a window", runStream},
 	"regbench":  {"registration vs memcpy vs pin-down cache hit per size (the seed's Fig. 6)", runRegBench},
+	"info":      {"interfaces (driver, queues, XDP features, attached program) and the counters of open endpoints", runInfo},
 
 	"manyclients": {"many clients write to one server (the seed's Fig. 9): serve, or run N clients", runManyClients},
 }
