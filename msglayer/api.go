@@ -215,6 +215,9 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 	default:
 		r.rndv = sync || n > e.cfg.RendezvousThreshold
 		if r.rndv {
+			if len(g.bufs) > 0 && len(segs) == 1 {
+				r.zbuf, r.zoff = g.spanOf(segs[0])
+			}
 			r.rndvID = e.newID()
 			e.rndvs[r.rndvID] = r
 			p.rndvs++

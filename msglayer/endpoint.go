@@ -51,6 +51,13 @@ type Config struct {
 	ConnectRetry        time.Duration
 	PullBlocks          int // pull blocks (32 frames each) in flight per rendezvous (default 16)
 
+	// UMEMBufferBytes sizes the buffer area of an AF_XDP link this
+	// endpoint opens: UMEM lent by AllocBuffer, from which large sends
+	// leave without a CPU copy (the socket is then bound in multi-buffer
+	// mode). 0: none, AllocBuffer gives ordinary memory. The first endpoint
+	// of a process on an interface decides for all.
+	UMEMBufferBytes int
+
 	// RegCache limits the pin-down cache of Register (zero: defaults from
 	// RLIMIT_MEMLOCK).
 	RegCache regcache.CacheConfig
@@ -131,7 +138,7 @@ func (c *Config) setDefaults() error {
 		v    int
 	}{{"RendezvousThreshold", c.RendezvousThreshold}, {"UnexpectedBytes", c.UnexpectedBytes},
 		{"MaxUnexpectedRndv", c.MaxUnexpectedRndv}, {"Window", c.Window}, {"AckEvery", c.AckEvery},
-		{"PullBlocks", c.PullBlocks}} {
+		{"PullBlocks", c.PullBlocks}, {"UMEMBufferBytes", c.UMEMBufferBytes}} {
 		if v.v < 0 {
 			return &ArgError{Arg: v.name, Err: fmt.Errorf("%d is negative", v.v)}
 		}
@@ -223,6 +230,8 @@ type Counters struct {
 	Gets, Puts              uint64 // one-sided operations started here
 	PutsIn                  uint64 // Puts peers made into our regions
 	RegionRefused           uint64 // region accesses refused (unknown id, wrong key, out of bounds)
+	GatheredReplies         uint64 // pull replies sent from a lent Buffer where it lies
+	BufferFallbacks         uint64 // AllocBuffer calls that got ordinary memory: the link's buffer area was full
 }
 
 // Open opens an endpoint.
@@ -300,6 +309,9 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 		link = noClose{link}
 	}
 	g := newEngine(link, cfg.BusyPoll, cfg.Clock, cfg.EtherType, cfg.Hostname)
+	// A link given by the caller lends what it has; one we open, what
+	// we asked for.
+	g.lendsBuffers = g.gather != nil && (cfg.Link != nil || cfg.UMEMBufferBytes > 0)
 	g.key = key
 	g.refs = 1
 	engines[key] = g
@@ -309,7 +321,8 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 // openLink opens the link cfg asks for.
 func openLink(cfg *Config) (xdp.Link, string, error) {
 	openXDP := func() (xdp.Link, error) {
-		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: cfg.Interface, EtherType: cfg.EtherType})
+		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: cfg.Interface, EtherType: cfg.EtherType,
+			BufferBytes: cfg.UMEMBufferBytes, MultiBuffer: cfg.UMEMBufferBytes > 0})
 	}
 	openPacket := func() (xdp.Link, error) {
 		return xdp.OpenAFPacket(xdp.AFPacketConfig{Interface: cfg.Interface, EtherType: cfg.EtherType})
@@ -457,6 +470,10 @@ func (e *Endpoint) complete(r *request, code Code) {
 		// are out (engine.unpin), so the user may then reuse it.
 		r.completeLater, r.laterCode = true, code
 		return
+	}
+	if r.zbuf != nil {
+		e.eng.unuse(r.zbuf)
+		r.zbuf = nil
 	}
 	if r.status.Code == Success {
 		r.status.Code = code

@@ -25,19 +25,23 @@ import (
 // LOCK ORDERING: engine.txMu > engine.mu; engines are locked in order of
 // their index (same-process sends between engines).
 type engine struct {
-	index    uint64 // creation order, for lock ordering
-	key      string // in engines: the interface name or the given link
-	link     xdp.Link
-	waker    xdp.Waker        // nil if the link cannot be woken
-	visitor  xdp.FrameVisitor // nil if the link cannot lend received frames
-	builder  xdp.FrameBuilder // nil if the link cannot build frames in place
-	ifname   string
-	mac      [6]byte
-	mtu      int
-	ethType  uint16
-	busyPoll bool
-	clock    Clock
-	hostname string
+	index   uint64 // creation order, for lock ordering
+	key     string // in engines: the interface name or the given link
+	link    xdp.Link
+	waker   xdp.Waker        // nil if the link cannot be woken
+	visitor xdp.FrameVisitor // nil if the link cannot lend received frames
+	builder xdp.FrameBuilder // nil if the link cannot build frames in place
+	gather  xdp.BufferLink   // nil if the link cannot send from lent buffers
+	// lendsBuffers: the link has a buffer area for AllocBuffer. Set
+	// before the engine is shared, read-only after.
+	lendsBuffers bool
+	ifname       string
+	mac          [6]byte
+	mtu          int
+	ethType      uint16
+	busyPoll     bool
+	clock        Clock
+	hostname     string
 
 	// drive is the drive token: a goroutine that sends into it drives
 	// the link until it receives back.
@@ -81,6 +85,8 @@ type engine struct {
 	pullFrames, maxPullFrames int
 	// +checklocks:mu
 	starved int // pulls waiting for budget
+	// +checklocks:mu
+	bufs []*Buffer // lent buffers not freed, for sends to find their data in
 
 	txMu sync.Mutex // serialises flushes so frames leave in queue order
 	// +checklocks:txMu
@@ -123,6 +129,17 @@ func (b *txBuilder) Build(i int, buf []byte) int {
 	return e.job.build(buf)
 }
 
+// Gather builds frame i, leaving the data of a pull reply from a lent
+// buffer where it lies.
+func (b *txBuilder) Gather(i int, buf []byte) (int, xdp.Span) {
+	e := &b.frames[i]
+	if e.buf == nil && e.job.r.zbuf != nil && len(e.job.hdr)+e.job.n >= xdp.MinFrameLen {
+		j := &e.job
+		return copy(buf, j.hdr[:]), xdp.Span{Buf: j.r.zbuf.xb, Off: j.r.zoff + j.off, Len: j.n}
+	}
+	return b.Build(i, buf), xdp.Span{}
+}
+
 // build writes the pull reply into buf. The request is pinned, so its data
 // stays in place even though the engine lock is not held.
 func (j *pullJob) build(buf []byte) int {
@@ -153,9 +170,16 @@ func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostna
 		hostReplies: map[string][6]byte{},
 	}
 	g.maxPullFrames = maxPullFrames
-	g.waker, _ = link.(xdp.Waker)
-	g.visitor, _ = link.(xdp.FrameVisitor)
-	g.builder, _ = link.(xdp.FrameBuilder)
+	// A given link's optional interfaces are those of the link itself,
+	// not of the wrapper that keeps the engine from closing it.
+	base := link
+	if nc, ok := link.(noClose); ok {
+		base = nc.Link
+	}
+	g.waker, _ = base.(xdp.Waker)
+	g.visitor, _ = base.(xdp.FrameVisitor)
+	g.builder, _ = base.(xdp.FrameBuilder)
+	g.gather, _ = base.(xdp.BufferLink)
 	g.vis.g = g
 	copy(g.mac[:], link.HardwareAddr())
 	const batch = 64
@@ -252,7 +276,11 @@ func (g *engine) flushAndUnlock() {
 
 		// A failed send is like a lost frame: reliable frames are
 		// retransmitted, the others re-requested by their timers.
-		if g.builder != nil {
+		if g.gather != nil {
+			g.txb.frames = g.txSending
+			g.gather.SendGather(len(g.txSending), &g.txb)
+			g.txb.frames = nil
+		} else if g.builder != nil {
 			g.txb.frames = g.txSending
 			g.builder.SendBuilt(len(g.txSending), &g.txb)
 			g.txb.frames = nil

@@ -187,6 +187,9 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			// link's memory.
 			job := g.queuePullReply(src, int(off), n)
 			ph.put(putHeader(job.hdr[:], p.addr.MAC[:], g.mac[:], g.ethType, &h))
+			if src.zbuf != nil && g.gather != nil {
+				e.stats.GatheredReplies++
+			}
 		} else {
 			// From a region: copied now, holding the region (an unmap
 			// waits for the copy).

@@ -14,8 +14,9 @@ import (
 )
 
 // streamMessages sends size-byte messages from a to b with window in
-// flight for about d and returns the bytes b received per second.
-func streamMessages(tb testing.TB, a, b *msglayer.Endpoint, size, window int, d time.Duration) float64 {
+// flight for about d and returns the bytes b received per second. With
+// lend, the message is in a buffer a lends (AllocBuffer).
+func streamMessages(tb testing.TB, a, b *msglayer.Endpoint, size, window int, d time.Duration, lend bool) float64 {
 	ctx := context.Background()
 	rgrp, sgrp := b.NewGroup(), a.NewGroup()
 	bufs := make([][]byte, window)
@@ -48,6 +49,16 @@ func streamMessages(tb testing.TB, a, b *msglayer.Endpoint, size, window int, d 
 		}
 	}()
 	msg := [][]byte{make([]byte, size)}
+	if lend {
+		// The message lives in a lent buffer (the UMEM's buffer area on
+		// AF_XDP): pull replies leave from it without a copy.
+		buf, err := a.AllocBuffer(size)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		defer buf.Free()
+		msg[0] = buf.Bytes()
+	}
 	start := time.Now()
 	inFlight := 0
 	for time.Since(start) < d {
@@ -102,9 +113,15 @@ func BenchmarkStreamAFXDP(b *testing.B) {
 			// cores, two spinning drivers starve the kernel's copy work
 			// (XMX_BENCH_BUSY=1 measures busy-poll anyway).
 			busy := os.Getenv("XMX_BENCH_BUSY") != ""
-			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
+			// XMX_BENCH_UMEM=1 sends from a buffer in the sender's UMEM.
+			lend := os.Getenv("XMX_BENCH_UMEM") != ""
+			ca := msglayer.Config{BusyPoll: busy}
+			if lend {
+				ca.UMEMBufferBytes = 2 << 20
+			}
+			a, c := w.pair(b, ca, msglayer.Config{BusyPoll: busy})
 			b.ResetTimer()
-			rate := streamMessages(b, a, c, 1<<20, 16, time.Duration(b.N)*100*time.Millisecond)
+			rate := streamMessages(b, a, c, 1<<20, 16, time.Duration(b.N)*100*time.Millisecond, lend)
 			b.StopTimer()
 			b.ReportMetric(rate/1e6, "MB/s")
 			b.ReportMetric(raw/1e6, "link-MB/s")

@@ -1,0 +1,149 @@
+package msglayer_test
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/internal/netlab"
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// testLentBuffers sends large messages and a Put from lent buffers and
+// checks every byte arrives, that the replies left from the buffer where
+// it lies, and that a buffer freed while a send from it is pending stays
+// usable until the send completes.
+func testLentBuffers(t *testing.T, w world, ca msglayer.Config, wantZeroCopy bool) {
+	a, b := w.pair(t, ca, msglayer.Config{})
+	ctx := ctxFor(t, 60*time.Second)
+	const size = 3<<20 + 12345
+	buf, err := a.AllocBuffer(size + 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if buf.ZeroCopy() != wantZeroCopy {
+		t.Errorf("ZeroCopy() = %v, want %v", buf.ZeroCopy(), wantZeroCopy)
+	}
+	before := a.Counters()
+	for i, n := range []int{size, 100 << 10, 40 << 10} {
+		data := buf.Bytes()[77 : 77+n] // not at the buffer's start
+		copy(data, message(i, n))
+		got := make([]byte, n)
+		r, _ := b.Irecv(uint64(i), ^uint64(0), [][]byte{got}, nil)
+		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{data}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Wait(ctx, r); err != nil {
+			t.Fatalf("receive of %d bytes: %v", n, err)
+		}
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatalf("send of %d bytes: %v", n, err)
+		}
+		checkMessage(t, got, i, n)
+	}
+	c := a.Counters()
+	if g := c.GatheredReplies - before.GatheredReplies; g == 0 {
+		t.Errorf("no pull reply was sent from the lent buffer (counters %+v)", c)
+	} else {
+		t.Logf("%d pull replies sent from the lent buffer (%d in all)", g, c.PullReplies-before.PullReplies)
+	}
+
+	// A Put from the buffer into a region of b.
+	target := make([]byte, 1<<20)
+	reg, err := b.Register(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Deregister(reg)
+	copy(buf.Bytes(), message(50, 900000))
+	p, err := a.IPut(b.Addr(), reg.Mem, 4096, [][]byte{buf.Bytes()[:900000]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, p); err != nil {
+		t.Fatalf("put from a lent buffer: %v", err)
+	}
+	b.Counters() // the target's engine wrote the region under its lock
+	checkMessage(t, target[4096:4096+900000], 50, 900000)
+
+	// Free while a send is pending: the data stays until it completes.
+	copy(buf.Bytes(), message(60, size))
+	s, err := a.Isend(b.Addr(), 60, [][]byte{buf.Bytes()[:size]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf.Free()
+	next, err := a.AllocBuffer(size) // must not get the memory in use
+	if err != nil {
+		t.Fatal(err)
+	}
+	clear(next.Bytes())
+	got := make([]byte, size)
+	r, _ := b.Irecv(60, ^uint64(0), [][]byte{got}, nil)
+	if _, err := b.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	checkMessage(t, got, 60, size)
+	next.Free()
+	buf.Free()
+	if _, err := a.AllocBuffer(0); err == nil {
+		t.Error("AllocBuffer(0) succeeded")
+	}
+}
+
+func TestLentBuffersMem(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{Loss: 0.02, Reorder: 0.02, Seed: 5})
+	testLentBuffers(t, w, msglayer.Config{}, false)
+}
+
+// TestLentBuffersAFXDP runs the lent-buffer test over AF_XDP in a lab at
+// each MTU: the UMEM's buffer area, the socket in multi-buffer mode, pull
+// replies as a header descriptor plus descriptors into the buffer.
+func TestLentBuffersAFXDP(t *testing.T) {
+	for _, mtu := range []int{1500, 3506, 9000} {
+		t.Run(fmt.Sprint(mtu), func(t *testing.T) {
+			w := labWorld2(t, netlab.New(t, netlab.Options{Hosts: 2, MTU: mtu}))
+			testLentBuffers(t, w, msglayer.Config{UMEMBufferBytes: 16 << 20}, true)
+		})
+	}
+}
+
+// TestLentBufferFallback: without a buffer area (the default for an
+// endpoint opening AF_XDP), or once it is full, AllocBuffer gives ordinary
+// memory and sends from it work as any.
+func TestLentBufferFallback(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	w := labWorld2(t, lab)
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	buf, err := a.AllocBuffer(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	if buf.ZeroCopy() {
+		t.Error("a buffer of an endpoint without a buffer area claims zero copy")
+	}
+	ctx := ctxFor(t, 20*time.Second)
+	copy(buf.Bytes(), message(1, 1<<20))
+	got := make([]byte, 1<<20)
+	r, _ := b.Irecv(1, ^uint64(0), [][]byte{got}, nil)
+	s, _ := a.Isend(b.Addr(), 1, [][]byte{buf.Bytes()}, nil)
+	if _, err := b.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, buf.Bytes()) {
+		t.Fatal("data differs")
+	}
+	if c := a.Counters(); c.GatheredReplies != 0 {
+		t.Errorf("GatheredReplies = %d without a buffer area", c.GatheredReplies)
+	}
+}
