@@ -7,7 +7,8 @@ package msglayer
 // the process's first endpoint and goes away, socket file included, with
 // its last. Nothing here runs on the data path: counters are read only when
 // a client asks. When the directory cannot be created or the socket bound,
-// publishing is off for that process, silently.
+// publishing is off for that process, silently; until it has no endpoint
+// left.
 
 import (
 	"encoding/json"
@@ -22,6 +23,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/xmx-stack/xmx/xdp"
@@ -41,6 +43,16 @@ func RunDir() string {
 		return d
 	}
 	return DefaultRunDir
+}
+
+// publishingDir is where this process publishes: RunDir(), except that a test
+// binary publishes only when $XMX_RUN_DIR names a directory (so that
+// "go test" leaves /run/xmx, and what "xmx info" shows, alone).
+func publishingDir() (string, bool) {
+	if os.Getenv(RunDirEnv) == "" && testing.Testing() {
+		return "", false
+	}
+	return RunDir(), true
 }
 
 // ProcessCounters is what one process publishes.
@@ -96,11 +108,12 @@ func registerPublished(e *Endpoint) {
 	defer pub.mu.Unlock()
 	pub.eps = append(pub.eps, pubEntry{e: e, netns: ns})
 	if pub.ln == nil && !pub.off {
-		if ln := listenPublished(RunDir()); ln != nil {
-			pub.ln, pub.done = ln, make(chan struct{})
-			go servePublished(ln, pub.done)
-		} else {
-			pub.off = true
+		pub.off = true
+		if dir, ok := publishingDir(); ok {
+			if ln := listenPublished(dir); ln != nil {
+				pub.ln, pub.done, pub.off = ln, make(chan struct{}), false
+				go servePublished(ln, pub.done)
+			}
 		}
 	}
 }

@@ -165,6 +165,25 @@ func TestPublishedOff(t *testing.T) {
 	}
 }
 
+// TestPublishedNotFromTests: a test binary without $XMX_RUN_DIR does not
+// publish (in /run/xmx).
+func TestPublishedNotFromTests(t *testing.T) {
+	publishDir(t)
+	t.Setenv(RunDirEnv, "")
+	la, _ := xdp.NewPair(xdp.MemConfig{})
+	a, err := Open(Config{Link: la, OwnLink: true, EndpointID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	pub.mu.Lock()
+	off, listening := pub.off, pub.ln != nil
+	pub.mu.Unlock()
+	if !off || listening {
+		t.Errorf("a test binary without %s: publishing off %v, listening %v; want off", RunDirEnv, off, listening)
+	}
+}
+
 // TestPublishedChurn reads the counters while endpoints open and close (for
 // the race detector, and that a client never sees a closing endpoint).
 func TestPublishedChurn(t *testing.T) {
