@@ -290,7 +290,7 @@ func printEndpoints(w io.Writer, doc *infoDoc, all bool) {
 	for _, p := range doc.Processes {
 		n += len(p.Endpoints)
 	}
-	fmt.Fprintf(w, "endpoints: %d open in %d processes (counters published in %s)\n", n, len(doc.Processes), doc.RunDir)
+	fmt.Fprintf(w, "endpoints: %d open in %s (counters published in %s)\n", n, plural(len(doc.Processes), "process"), doc.RunDir)
 	for _, p := range doc.Processes {
 		fmt.Fprintf(w, "\npid %d: %s\n", p.PID, strings.Join(p.Cmdline, " "))
 		shown := map[string]bool{} // link counters are per link: once per interface
@@ -299,12 +299,8 @@ func printEndpoints(w io.Writer, doc *infoDoc, all bool) {
 			if e.Netns != "" && e.Netns != doc.Netns {
 				where += " in netns " + e.Netns
 			}
-			peers := "peers"
-			if e.Peers == 1 {
-				peers = "peer"
-			}
-			fmt.Fprintf(w, "  endpoint %s (ep %d, host %s) on %s: %s %s, %d %s\n", e.Addr, e.EP, orDash(e.Hostname),
-				where, e.LinkKind, e.LinkMode, e.Peers, peers)
+			fmt.Fprintf(w, "  endpoint %s (ep %d, host %s) on %s: %s %s, %s\n", e.Addr, e.EP, orDash(e.Hostname),
+				where, e.LinkKind, e.LinkMode, plural(e.Peers, "peer"))
 			fmt.Fprintf(w, "    link chosen: %s\n", e.LinkWhy)
 			printCounters(w, "    ", e.Counters, all)
 			key := e.Interface + "@" + e.Netns
@@ -315,6 +311,17 @@ func printEndpoints(w io.Writer, doc *infoDoc, all bool) {
 			}
 		}
 	}
+}
+
+// plural renders "1 peer", "2 peers", "0 processes".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "s") {
+		return fmt.Sprintf("%d %ses", n, noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
 
 // printCounters prints the numeric fields of a counter struct, one per

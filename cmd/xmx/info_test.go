@@ -114,7 +114,7 @@ func TestInfoLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := out.String()
-	for _, want := range []string{"iface", "lo", "endpoints: 2 open in 1 processes", a.Addr().String(), "FramesIn", "TxFrames"} {
+	for _, want := range []string{"iface", "lo", "endpoints: 2 open in 1 process", a.Addr().String(), "FramesIn", "TxFrames"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("xmx info output lacks %q:\n%s", want, text)
 		}
