@@ -46,6 +46,9 @@ type endpointFlags struct {
 	peerKey  uint
 	timeout  time.Duration
 	hostname string
+	// umemBytes, when set by a command, sizes the UMEM buffer area the
+	// endpoint lends (msglayer.Config.UMEMBufferBytes).
+	umemBytes int
 }
 
 func (f *endpointFlags) register(fs *flag.FlagSet, defaultEP uint) {
@@ -135,6 +138,8 @@ func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
 		Key:        uint32(f.key),
 		BusyPoll:   f.busy,
 		Hostname:   f.hostname,
+
+		UMEMBufferBytes: f.umemBytes,
 	})
 	if err != nil {
 		return nil, err

@@ -18,9 +18,10 @@ type streamResult struct {
 	Messages int     `json:"messages"`
 	Window   int     `json:"window"`
 	Seconds  float64 `json:"seconds"`
-	MBps     float64 `json:"mbps"`      // bytes the server received per second, 10^6 bytes
-	MsgRate  float64 `json:"msg_per_s"` // messages per second
-	Received uint64  `json:"received"`  // messages the server counted
+	MBps     float64 `json:"mbps"`           // bytes the server received per second, 10^6 bytes
+	MsgRate  float64 `json:"msg_per_s"`      // messages per second
+	Received uint64  `json:"received"`       // messages the server counted
+	UMEM     bool    `json:"umem,omitempty"` // sent from a buffer lent from the UMEM (-umem)
 }
 
 func runStream(args []string) error {
@@ -48,6 +49,7 @@ second and the message rate.
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
+	umem := fs.Bool("umem", false, "client: send from a buffer lent from the UMEM (large messages leave without a CPU copy; AF_XDP in multi-buffer mode)")
 	if err := ef.parse(fs, args); err != nil {
 		return err
 	}
@@ -60,6 +62,13 @@ second and the message rate.
 	list, err := parseSizes(*sizes, *start, *end, *mult)
 	if err != nil {
 		return err
+	}
+	maxMsg := 0
+	for _, s := range list {
+		maxMsg = max(maxMsg, s)
+	}
+	if *umem && fs.NArg() > 0 {
+		ef.umemBytes = maxMsg
 	}
 	e, err := ef.open()
 	if err != nil {
@@ -74,9 +83,19 @@ second and the message rate.
 		return err
 	}
 	ctx := context.Background()
-	maxMsg := 0
-	for _, s := range list {
-		maxMsg = max(maxMsg, s)
+	var buf []byte
+	if *umem {
+		lent, err := e.AllocBuffer(maxMsg)
+		if err != nil {
+			return fmt.Errorf("-umem: %w", err)
+		}
+		defer lent.Free()
+		if !lent.ZeroCopy() {
+			fmt.Fprintf(os.Stderr, "xmx stream: -umem: the link sends lent buffers with a copy (not AF_XDP in multi-buffer mode)\n")
+		}
+		buf = lent.Bytes()
+	} else {
+		buf = make([]byte, maxMsg)
 	}
 	if err := hello(ctx, e, peer, maxMsg, *window); err != nil {
 		return err
@@ -84,15 +103,20 @@ second and the message rate.
 	defer bye(e, peer)
 	info, _ := e.LinkInfo()
 	if !*asJSON {
-		fmt.Printf("# xmx stream %v -> %v, %s %s on %s, window %d\n", e.Addr(), peer, info.Kind, info.Mode, info.Interface, *window)
+		from := "ordinary memory"
+		if *umem {
+			from = "a UMEM buffer"
+		}
+		fmt.Printf("# xmx stream %v -> %v, %s %s on %s, window %d, sending from %s\n", e.Addr(), peer, info.Kind, info.Mode, info.Interface, *window, from)
 		fmt.Printf("# %10s %9s %10s %12s %12s\n", "bytes", "messages", "seconds", "MB/s", "msg/s")
 	}
 	enc := json.NewEncoder(os.Stdout)
 	for _, size := range list {
-		res, err := streamSize(ctx, e, peer, size, *window, *count, *dur)
+		res, err := streamSize(ctx, e, peer, buf[:size], *window, *count, *dur)
 		if err != nil {
 			return fmt.Errorf("%d-byte messages: %w", size, err)
 		}
+		res.UMEM = *umem
 		if *asJSON {
 			enc.Encode(res)
 			continue
@@ -103,8 +127,8 @@ second and the message rate.
 }
 
 // streamSize streams messages of one size and asks the server what it got.
-func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, size, window, count int, dur time.Duration) (streamResult, error) {
-	buf := make([]byte, size)
+func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, buf []byte, window, count int, dur time.Duration) (streamResult, error) {
+	size := len(buf)
 	segs := [][]byte{buf}
 	grp := e.NewGroup()
 	start := time.Now()

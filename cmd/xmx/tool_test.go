@@ -171,4 +171,10 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("stream result %+v", r)
 		}
 	}
+
+	// From a buffer lent from the client's UMEM.
+	out = client("stream", "-i", "eth0", "-e", "4", "-umem", "-sizes", "1M", "-n", "100", "h2")
+	if !strings.Contains(string(out), "sending from a UMEM buffer") || strings.Contains(string(out), "with a copy") {
+		t.Errorf("stream -umem:\n%s", out)
+	}
 }
