@@ -66,11 +66,11 @@ func (f XDPFeatures) String() string {
 
 // XDPProg is an XDP program attached to an interface.
 type XDPProg struct {
-	Mode string // "drv" (native), "skb" (generic) or "hw" (offloaded)
-	ID   uint32 // kernel program id (bpftool prog show id ID)
+	Mode string `json:"mode"` // "drv" (native), "skb" (generic) or "hw" (offloaded)
+	ID   uint32 `json:"id"`   // kernel program id (bpftool prog show id ID)
 	// Name is the program's name, "" when it cannot be read (reading it
 	// needs CAP_SYS_ADMIN).
-	Name string
+	Name string `json:"name"`
 }
 
 // IfaceInfo describes a network interface as xmx sees it.
