@@ -369,8 +369,11 @@ type MemLink struct {
 	// wakeReq is set by Wake: the next Recv that would wait returns at once.
 	wakeReq atomic.Bool
 
-	// sendMu serialises Send and guards rng.
+	// sendMu serialises Send and guards rng and gather.
 	sendMu sync.Mutex
+	// gather adapts SendGather's Gatherer (kept here: no allocation per
+	// call).
+	gather gatherCopy
 	rng    *rand.Rand // fault-knob draws for the frames this link sends
 
 	// recvMu serialises Recv and RecvVisit and guards timer and visitQ.
@@ -486,11 +489,15 @@ func (l *MemLink) SendGather(n int, g Gatherer) (int, error) {
 	if g == nil {
 		return 0, l.opErr("send", errNilGatherer)
 	}
-	c := gatherCopy{g: g, owner: l, maxLen: l.hub.mtu + EthHeaderLen}
-	sent, err := l.sendBuilt(n, &c)
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	c := &l.gather
+	*c = gatherCopy{g: g, owner: l, maxLen: l.hub.mtu + EthHeaderLen}
+	sent, err := l.sendBuiltLocked(n, c)
 	if c.err != nil {
-		return sent, l.opErr("send", c.err)
+		err = l.opErr("send", c.err)
 	}
+	*c = gatherCopy{}
 	return sent, err
 }
 
@@ -511,6 +518,10 @@ func (l *MemLink) SendBuilt(n int, b Builder) (int, error) {
 func (l *MemLink) sendBuilt(n int, b Builder) (int, error) {
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
+	return l.sendBuiltLocked(n, b)
+}
+
+func (l *MemLink) sendBuiltLocked(n int, b Builder) (int, error) {
 	if l.closed.Load() {
 		return 0, l.opErr("send", net.ErrClosed)
 	}

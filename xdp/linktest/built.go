@@ -303,4 +303,35 @@ func testBuiltNoAllocs(t *testing.T, mk MakePair, opts Options) {
 	if v.bytes != v.n*1000 {
 		t.Errorf("visited %d bytes in %d frames, want 1000 each", v.bytes, v.n)
 	}
+
+	// SendGather, on links that lend buffers.
+	bl, ok := p.A.(xdp.BufferLink)
+	if !ok {
+		return
+	}
+	buf, err := bl.AllocBuffer(1000)
+	if errors.Is(err, xdp.ErrNoBufferSpace) {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	copy(buf.Bytes(), b.f)
+	g := &gatherer{whole: [][]byte{b.f}, specs: []gatherSpec{{head: 100, tail: xdp.Span{Buf: buf, Off: 100, Len: 900}}}}
+	*v = oneVisitor{}
+	allocs = testing.AllocsPerRun(2000, func() {
+		if n, err := bl.SendGather(1, g); n != 1 || err != nil {
+			t.Fatalf("SendGather = %d, %v", n, err)
+		}
+		if n, err := bv.RecvVisit(1, time.Second, v); n != 1 || err != nil {
+			t.Fatalf("RecvVisit = %d, %v", n, err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per SendGather+RecvVisit, want 0", allocs)
+	}
+	if v.bytes != v.n*1000 {
+		t.Errorf("visited %d bytes in %d gathered frames, want 1000 each", v.bytes, v.n)
+	}
 }
