@@ -220,6 +220,8 @@ type Counters struct {
 	Pulls                   uint64 // rendezvous pulls started
 	PullRequests            uint64 // pull requests sent (re-requests included)
 	PullReplies             uint64 // data frames sent for pulls
+	PullReRequests          uint64 // pull blocks asked for again (no frame of them in time)
+	PullRepliesLate         uint64 // pull data frames that arrived when no longer wanted (a re-request or a duplicate)
 	EagerRefused            uint64 // eager messages refused for want of memory
 	EagerConverted          uint64 // our eager sends the receiver refused, resent as rendezvous
 	BadFrames               uint64 // frames that did not decode or named nothing here

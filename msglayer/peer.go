@@ -18,16 +18,19 @@ type peer struct {
 	active        bool      // in ep.active: has timers to run
 
 	// Send side: frames nextSeq-acked in flight, in the window.
-	nextSeq   uint32
-	acked     uint32 // every frame below was acknowledged
-	win       []txSlot
-	sendHead  *request // messages waiting for window space, in order
-	sendTail  *request
-	srtt      int64 // smoothed round trip (ns); 0 before the first sample
-	rttvar    int64
-	rto       int64
-	lastHeard int64 // last frame from the peer
-	retx      uint64
+	nextSeq  uint32
+	acked    uint32 // every frame below was acknowledged
+	win      []txSlot
+	sendHead *request // messages waiting for window space, in order
+	sendTail *request
+	srtt     int64 // smoothed round trip (ns); 0 before the first sample
+	rttvar   int64
+	rto      int64
+	// Pull blocks: smoothed time from request to last frame (ns; 0 before
+	// the first block), which includes the wait behind other blocks.
+	pullSRTT, pullVar int64
+	lastHeard         int64 // last frame from the peer
+	retx              uint64
 
 	// Receive side.
 	expected   uint32 // next in-order sequence number
@@ -104,6 +107,7 @@ func (p *peer) reset(code Code) {
 	p.refused = false
 	p.in = inMsg{}
 	p.srtt, p.rttvar, p.rto = 0, 0, int64(e.cfg.InitialRTO)
+	p.pullSRTT, p.pullVar = 0, 0
 	p.dead = false
 }
 
@@ -370,6 +374,29 @@ func (p *peer) rttSample(rtt int64) {
 	}
 	cfg := &p.ep.cfg
 	p.rto = min(max(p.srtt+4*p.rttvar, int64(cfg.MinRTO)), int64(cfg.MaxRTO))
+}
+
+// pullSample updates the estimate of a pull block's time from a block that
+// came back without a re-request.
+func (p *peer) pullSample(t int64) {
+	t = max(t, 1)
+	if p.pullSRTT == 0 {
+		p.pullSRTT, p.pullVar = t, t/2
+		return
+	}
+	d := p.pullSRTT - t
+	if d < 0 {
+		d = -d
+	}
+	p.pullVar = (3*p.pullVar + d) / 4
+	p.pullSRTT = (7*p.pullSRTT + t) / 8
+}
+
+// pullTimeout is how long a pull block may go without a frame before its
+// missing frames are asked for again: the reliable channel's RTO, or more
+// when blocks have been taking longer than that.
+func (p *peer) pullTimeout() int64 {
+	return max(p.rto, p.pullSRTT+4*p.pullVar)
 }
 
 // onSack marks frames the receiver holds out of order and retransmits the

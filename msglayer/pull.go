@@ -29,8 +29,18 @@ type pullBlock struct {
 	frames         int // frames of the block, counted in the engine's budget
 	offset, length uint32
 	want           uint32 // frames still missing
-	sentAt         int64
+	sentAt         int64  // last (re-)request
+	lastRx         int64  // last reply that brought a missing frame
 	retries        int
+}
+
+// due is when the block is re-requested: no frame of it for the peer's
+// pull timeout (backed off per re-request), counted from the request or
+// from the last frame that came, whichever is later. A block waiting
+// behind others at a busy sender still makes progress, so it is not
+// asked for again while its frames trickle in.
+func (b *pullBlock) due(p *peer, maxRTO int64) int64 {
+	return max(b.sentAt, b.lastRx) + min(p.pullTimeout()<<min(b.retries, 10), maxRTO)
 }
 
 // startPull begins pulling total bytes of rendezvous rndvID from p into r.
@@ -86,6 +96,7 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		b.frames = frames
 		b.want = uint32(uint64(1)<<frames - 1)
 		b.retries = 0
+		b.lastRx = 0
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
 	}
@@ -221,7 +232,8 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 	ph.decode(th)
 	pl := e.pulls[ph.pullID]
 	if pl == nil || pl.peer != p || ph.offset >= pl.total {
-		return // late or duplicate
+		e.stats.PullRepliesLate++ // the pull ended: a re-request was not needed
+		return
 	}
 	for i := range pl.blocks {
 		b := &pl.blocks[i]
@@ -234,7 +246,7 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		}
 		bit := uint32(1) << (rel / pl.frameBytes)
 		if b.want&bit == 0 {
-			e.stats.Duplicates++
+			e.stats.PullRepliesLate++
 			return
 		}
 		n := min(uint32(len(payload)), b.offset+b.length-ph.offset)
@@ -254,9 +266,13 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			copyToSegs(pl.r.segs, int(ph.offset), payload[:n])
 		}
 		b.want &^= bit
+		b.lastRx = now
 		pl.got += n
 		pl.lastProgress = now
 		if b.want == 0 {
+			if b.retries == 0 {
+				p.pullSample(now - b.sentAt)
+			}
 			e.blockDone(b, now)
 			e.requestBlocks(pl, now)
 		}
@@ -281,18 +297,18 @@ func (e *Endpoint) pullTimers(id uint32, pl *pull, now int64) int64 {
 		return 0
 	}
 	next := int64(0)
+	maxRTO := int64(e.cfg.MaxRTO)
 	for i := range pl.blocks {
 		b := &pl.blocks[i]
 		if !b.active {
 			continue
 		}
-		rto := min(pl.peer.rto<<min(b.retries, 10), int64(e.cfg.MaxRTO))
-		if now >= b.sentAt+rto {
+		if now >= b.due(pl.peer, maxRTO) {
 			b.retries++
+			e.stats.PullReRequests++
 			e.sendPullReq(pl, b, now)
-			rto = min(pl.peer.rto<<min(b.retries, 10), int64(e.cfg.MaxRTO))
 		}
-		if t := b.sentAt + rto; next == 0 || t < next {
+		if t := b.due(pl.peer, maxRTO); next == 0 || t < next {
 			next = t
 		}
 	}
