@@ -139,5 +139,5 @@ func (l *AFXDPLink) SendGather(n int, g Gatherer) (int, error) {
 }
 
 // GatherZeroCopy implements BufferLink: tails are descriptors of their own
-// in multi-buffer mode.
-func (l *AFXDPLink) GatherZeroCopy() bool { return l.sg }
+// (see GatherMode).
+func (l *AFXDPLink) GatherZeroCopy() bool { return l.gatherDsc }

@@ -101,7 +101,7 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDP
 	// A frame's length is known only once built: secure the TX ring entries
 	// of the longest (with a tail that may start anywhere in a frame).
 	nd := uint32(l.txDescs(l.maxFrame))
-	if g != nil && l.sg {
+	if g != nil && l.gatherDsc {
 		nd += uint32(l.maxFrame/int(l.frameSize)) + 2
 	}
 	maxLen := uint64(l.maxFrame)
@@ -132,7 +132,7 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDP
 					bad = err
 					break
 				}
-				if !l.sg {
+				if !l.gatherDsc {
 					size += copy(buf[size:], tail.Buf.mem[tail.Off:tail.Off+tail.Len])
 					tail = Span{}
 				}

@@ -78,10 +78,31 @@ type AFXDPConfig struct {
 
 	// BufferBytes is the size of the buffer area, UMEM lent by AllocBuffer
 	// for frames sent without a copy (SendGather), rounded up to whole
-	// frames; 0: none. Its tails become TX descriptors of their own only in
-	// multi-buffer mode (set MultiBuffer); otherwise they are copied.
+	// frames; 0: none. With a buffer area, a link that need not be
+	// multi-buffer binds in zero-copy mode with XDP_USE_SG when the driver
+	// allows it, and falls back to copy mode without it.
 	BufferBytes int
+	// Gather says how SendGather sends tails (see GatherMode).
+	Gather GatherMode
 }
+
+// GatherMode says how an AF_XDP link sends the tail of a gathered frame.
+type GatherMode int
+
+const (
+	// GatherAuto: as TX descriptors of their own when the socket is bound
+	// in zero-copy and multi-buffer mode (the NIC reads the buffer, the
+	// CPU copies nothing); copied behind the head otherwise. In copy mode
+	// the kernel copies every descriptor into a socket buffer anyway, and
+	// one descriptor per frame is the cheaper way there (a page is
+	// allocated per extra descriptor).
+	GatherAuto GatherMode = iota
+	// GatherDescriptors: always as descriptors of their own (the socket is
+	// bound in multi-buffer mode, as with MultiBuffer).
+	GatherDescriptors
+	// GatherCopy: always copied behind the head.
+	GatherCopy
+)
 
 // AFXDPLink is a Link on one AF_XDP socket bound to one (interface, queue).
 //
@@ -126,6 +147,8 @@ type AFXDPLink struct {
 	spin      bool
 	zeroCopy  bool
 	sg        bool // multi-buffer: XDP_USE_SG, xdp.frags steering program
+	sgIfZC    bool // try XDP_USE_SG with zero-copy only (for gathered tails)
+	gatherDsc bool // SendGather sends tails as descriptors of their own
 	sendWait  time.Duration
 	attach    bpf.AttachMode
 	steerKey  steerKey
@@ -243,7 +266,10 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if err != nil {
 		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
 	}
-	sg, err := multiBufferNeeded(ifi.MTU, cfg.FrameSize, cfg.NumFrames, cfg.MultiBuffer)
+	if cfg.Gather < GatherAuto || cfg.Gather > GatherCopy {
+		return nil, fmt.Errorf("xdp: open AF_XDP: gather mode %d unknown", cfg.Gather)
+	}
+	sg, err := multiBufferNeeded(ifi.MTU, cfg.FrameSize, cfg.NumFrames, cfg.MultiBuffer || cfg.Gather == GatherDescriptors)
 	if err != nil {
 		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
 	}
@@ -258,6 +284,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 		frameSize: uint64(cfg.FrameSize),
 		spin:      cfg.Spin,
 		sg:        sg,
+		sgIfZC:    !sg && cfg.BufferBytes > 0 && cfg.Gather == GatherAuto,
 		sendWait:  cfg.SendTimeout,
 		fd:        -1,
 		efd:       -1,
@@ -342,13 +369,13 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	l.initTxFree(cfg.NumFrames)
 	l.bufBase = uint64(cfg.NumFrames) * l.frameSize
 	l.bufOwner = make([]*Buffer, bufFrames)
-	if l.sg {
-		l.rxScratch = make([]byte, 0, l.maxFrame)
-	}
-
 	if err := l.bind(cfg.Bind); err != nil {
 		return nil, fail("bind AF_XDP socket to queue "+fmt.Sprint(cfg.Queue), err)
 	}
+	if l.sg {
+		l.rxScratch = make([]byte, 0, l.maxFrame)
+	}
+	l.gatherDsc = l.sg && (cfg.Gather == GatherDescriptors || cfg.Gather == GatherAuto && l.zeroCopy)
 
 	l.efd, err = newEventFd()
 	if err != nil {
@@ -382,12 +409,11 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 // to copy mode under BindAuto when the driver refuses zero-copy.
 func (l *AFXDPLink) bind(mode BindMode) error {
 	sa := &unix.SockaddrXDP{Ifindex: uint32(l.ifindex), QueueID: uint32(l.queue)}
-	var sgFlag uint16
-	if l.sg {
-		sgFlag = unix.XDP_USE_SG
-	}
-	try := func(flags uint16) error {
-		sa.Flags = flags | sgFlag | unix.XDP_USE_NEED_WAKEUP
+	try := func(flags uint16, sg bool) error {
+		sa.Flags = flags | unix.XDP_USE_NEED_WAKEUP
+		if sg {
+			sa.Flags |= unix.XDP_USE_SG
+		}
 		// The kernel releases a closed socket's hold on the queue in the
 		// background, so binding right after a Close on the same queue can
 		// fail with EBUSY for a short while.
@@ -400,17 +426,28 @@ func (l *AFXDPLink) bind(mode BindMode) error {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	// zeroCopy binds in zero-copy mode, multi-buffer if the link must be,
+	// or else if gathered tails want it and the driver takes it.
+	zeroCopy := func() error {
+		if l.sgIfZC {
+			if err := try(unix.XDP_ZEROCOPY, true); err == nil {
+				l.sg = true
+				return nil
+			}
+		}
+		return try(unix.XDP_ZEROCOPY, l.sg)
+	}
 	switch mode {
 	case BindCopy:
-		return l.sgBindErr(try(unix.XDP_COPY))
+		return l.sgBindErr(try(unix.XDP_COPY, l.sg))
 	case BindZeroCopy:
-		if err := try(unix.XDP_ZEROCOPY); err != nil {
+		if err := zeroCopy(); err != nil {
 			return fmt.Errorf("zero-copy: %w", l.sgBindErr(err))
 		}
 		l.zeroCopy = true
 		return nil
 	default:
-		err := try(unix.XDP_ZEROCOPY)
+		err := zeroCopy()
 		if err == nil {
 			l.zeroCopy = true
 			return nil
@@ -418,7 +455,7 @@ func (l *AFXDPLink) bind(mode BindMode) error {
 		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPROTONOSUPPORT) {
 			return fmt.Errorf("zero-copy: %w", err)
 		}
-		return l.sgBindErr(try(unix.XDP_COPY))
+		return l.sgBindErr(try(unix.XDP_COPY, l.sg))
 	}
 }
 

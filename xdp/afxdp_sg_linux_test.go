@@ -27,8 +27,10 @@ func TestAFXDPConformanceJumbo(t *testing.T) {
 		name := map[bool]string{false: "poll", true: "spin"}[spin]
 		t.Run(name, func(t *testing.T) {
 			linktest.Run(t, func(tb testing.TB) linktest.Pair {
-				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
-				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10})
+				// Gathered tails as descriptors of their own, although the
+				// link is in copy mode (where they would be copied).
+				a := openAFXDP(tb, h1, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10, Gather: xdp.GatherDescriptors})
+				b := openAFXDP(tb, h2, xdp.AFXDPConfig{Spin: spin, BufferBytes: 256 << 10, Gather: xdp.GatherDescriptors})
 				for _, l := range []*xdp.AFXDPLink{a, b} {
 					// The xdp.frags program runs in driver mode on veth at
 					// MTU 9000; the plain one would have fallen back to skb.
@@ -195,8 +197,8 @@ func TestAFXDPMultiBufferForced(t *testing.T) {
 	lab := netlab.New(t, netlab.Options{Hosts: 2})
 	h1, h2 := lab.Hosts[0], lab.Hosts[1]
 	linktest.Run(t, func(tb testing.TB) linktest.Pair {
-		a := openAFXDP(tb, h1, xdp.AFXDPConfig{MultiBuffer: true, BufferBytes: 64 << 10})
-		b := openAFXDP(tb, h2, xdp.AFXDPConfig{MultiBuffer: true, FrameSize: 2048, BufferBytes: 64 << 10})
+		a := openAFXDP(tb, h1, xdp.AFXDPConfig{MultiBuffer: true, BufferBytes: 64 << 10, Gather: xdp.GatherDescriptors})
+		b := openAFXDP(tb, h2, xdp.AFXDPConfig{MultiBuffer: true, FrameSize: 2048, BufferBytes: 64 << 10, Gather: xdp.GatherDescriptors})
 		for _, l := range []*xdp.AFXDPLink{a, b} {
 			if !l.MultiBuffer() || !strings.HasSuffix(l.Info().Mode, " sg") {
 				tb.Fatalf("forced multi-buffer: MultiBuffer() %v, mode %q", l.MultiBuffer(), l.Info().Mode)
@@ -279,11 +281,12 @@ func (s *spanSender) Gather(_ int, head []byte) (int, xdp.Span) { return copy(he
 func TestAFXDPBufferArea(t *testing.T) {
 	lab := netlab.New(t, netlab.Options{Hosts: 2})
 	const area = 64 << 10
-	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{MultiBuffer: true, BufferBytes: area})
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{BufferBytes: area, Gather: xdp.GatherDescriptors})
 	b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{MultiBuffer: true})
-	if !a.GatherZeroCopy() {
-		t.Fatal("a multi-buffer link copies gathered tails")
+	if !a.GatherZeroCopy() || !a.MultiBuffer() {
+		t.Fatalf("GatherDescriptors: GatherZeroCopy %v, MultiBuffer %v; want both", a.GatherZeroCopy(), a.MultiBuffer())
 	}
+
 	whole, err := a.AllocBuffer(area)
 	if err != nil {
 		t.Fatal(err)
@@ -342,4 +345,13 @@ func TestAFXDPBufferArea(t *testing.T) {
 	}
 	second.Free()
 	second.Free()
+
+	// By default a link with a buffer area tries zero-copy with
+	// multi-buffer; veth has no zero-copy, so it falls back to copy mode
+	// without multi-buffer and copies tails.
+	c := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{BufferBytes: area})
+	if c.GatherZeroCopy() || c.MultiBuffer() || c.ZeroCopy() {
+		t.Errorf("default link with a buffer area on veth: GatherZeroCopy %v, MultiBuffer %v, ZeroCopy %v; want all false",
+			c.GatherZeroCopy(), c.MultiBuffer(), c.ZeroCopy())
+	}
 }
