@@ -53,10 +53,13 @@ type Config struct {
 
 	// UMEMBufferBytes sizes the buffer area of an AF_XDP link this
 	// endpoint opens: UMEM lent by AllocBuffer, from which large sends
-	// leave without a CPU copy (the socket is then bound in multi-buffer
-	// mode). 0: none, AllocBuffer gives ordinary memory. The first endpoint
-	// of a process on an interface decides for all.
+	// leave without a CPU copy when the socket is in zero-copy mode (the
+	// link then asks for multi-buffer too). 0: none, AllocBuffer gives
+	// ordinary memory. UMEMGather overrides how the data leaves (see
+	// xdp.GatherMode). The first endpoint of a process on an interface
+	// decides for all.
 	UMEMBufferBytes int
+	UMEMGather      xdp.GatherMode
 
 	// RegCache limits the pin-down cache of Register (zero: defaults from
 	// RLIMIT_MEMLOCK).
@@ -324,7 +327,7 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 func openLink(cfg *Config) (xdp.Link, string, error) {
 	openXDP := func() (xdp.Link, error) {
 		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: cfg.Interface, EtherType: cfg.EtherType,
-			BufferBytes: cfg.UMEMBufferBytes, MultiBuffer: cfg.UMEMBufferBytes > 0})
+			BufferBytes: cfg.UMEMBufferBytes, Gather: cfg.UMEMGather})
 	}
 	openPacket := func() (xdp.Link, error) {
 		return xdp.OpenAFPacket(xdp.AFPacketConfig{Interface: cfg.Interface, EtherType: cfg.EtherType})

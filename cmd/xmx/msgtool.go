@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
 )
 
 // The pingpong and stream tools talk to an xmx server (the same command
@@ -47,8 +48,10 @@ type endpointFlags struct {
 	timeout  time.Duration
 	hostname string
 	// umemBytes, when set by a command, sizes the UMEM buffer area the
-	// endpoint lends (msglayer.Config.UMEMBufferBytes).
-	umemBytes int
+	// endpoint lends (msglayer.Config.UMEMBufferBytes); umemGather says how
+	// its data leaves.
+	umemBytes  int
+	umemGather xdp.GatherMode
 }
 
 func (f *endpointFlags) register(fs *flag.FlagSet, defaultEP uint) {
@@ -140,6 +143,7 @@ func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
 		Hostname:   f.hostname,
 
 		UMEMBufferBytes: f.umemBytes,
+		UMEMGather:      f.umemGather,
 	})
 	if err != nil {
 		return nil, err

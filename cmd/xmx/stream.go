@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
 )
 
 // streamResult is one line of stream output.
@@ -49,7 +50,8 @@ second and the message rate.
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
-	umem := fs.Bool("umem", false, "client: send from a buffer lent from the UMEM (large messages leave without a CPU copy; AF_XDP in multi-buffer mode)")
+	umem := fs.Bool("umem", false, "client: send from a buffer lent from the UMEM (large messages leave without a CPU copy when the socket is in zero-copy mode)")
+	umemGather := fs.String("umem-gather", "auto", "with -umem: how the data leaves: auto (UMEM descriptors in zero-copy mode, else copied into the frames), descriptors (always UMEM descriptors, multi-buffer socket) or copy")
 	if err := ef.parse(fs, args); err != nil {
 		return err
 	}
@@ -69,6 +71,15 @@ second and the message rate.
 	}
 	if *umem && fs.NArg() > 0 {
 		ef.umemBytes = maxMsg
+		switch *umemGather {
+		case "auto":
+		case "descriptors":
+			ef.umemGather = xdp.GatherDescriptors
+		case "copy":
+			ef.umemGather = xdp.GatherCopy
+		default:
+			return fmt.Errorf("%w: -umem-gather %q: want auto, descriptors or copy", errUsage, *umemGather)
+		}
 	}
 	e, err := ef.open()
 	if err != nil {
@@ -91,7 +102,7 @@ second and the message rate.
 		}
 		defer lent.Free()
 		if !lent.ZeroCopy() {
-			fmt.Fprintf(os.Stderr, "xmx stream: -umem: the link sends lent buffers with a copy (not AF_XDP in multi-buffer mode)\n")
+			fmt.Fprintf(os.Stderr, "xmx stream: -umem: the link copies lent buffers into its frames (the socket is not in zero-copy mode, or -umem-gather copy)\n")
 		}
 		buf = lent.Bytes()
 	} else {

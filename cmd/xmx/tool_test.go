@@ -173,8 +173,10 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	// From a buffer lent from the client's UMEM.
-	out = client("stream", "-i", "eth0", "-e", "4", "-umem", "-sizes", "1M", "-n", "100", "h2")
-	if !strings.Contains(string(out), "sending from a UMEM buffer") || strings.Contains(string(out), "with a copy") {
-		t.Errorf("stream -umem:\n%s", out)
+	for _, g := range []string{"auto", "descriptors", "copy"} {
+		out = client("stream", "-i", "eth0", "-e", "4", "-umem", "-umem-gather", g, "-sizes", "1M", "-n", "50", "h2")
+		if !strings.Contains(string(out), "sending from a UMEM buffer") {
+			t.Errorf("stream -umem -umem-gather %s:\n%s", g, out)
+		}
 	}
 }
