@@ -2,8 +2,8 @@
 //
 // It brings up a fresh two-host veth lab (scripts/lab), and in the same run,
 // interleaved (for each round, for each size, every system), measures the
-// raw link floor (xmx linkbench), the xmx rows (xmxSystems: none yet) and
-// the peers a user would pick instead: UCX ucx_perftest tag_lat/tag_bw over
+// raw link floor (xmx linkbench), the xmx rows (xmxSystems: xmx pingpong
+// and xmx stream, busy-poll and blocking, and xmx stream -umem) and the peers a user would pick instead: UCX ucx_perftest tag_lat/tag_bw over
 // TCP, libfabric fi_pingpong (tcp, rdm, tagged), sockperf ping-pong over UDP
 // and TCP, and iperf3 TCP and UDP. It prints one table per metric with the
 // ratio of every xmx-side row to every peer, writes results.json and draws
@@ -67,7 +67,18 @@ type config struct {
 	noInstall bool
 	noPin     bool
 	replot    string
+	mtu       int
+	gather    string // -umem-gather for the *-umem rows ("": xmx's default)
 }
+
+// Lab MTUs -mtu accepts: IPv6's minimum link MTU up to the jumbo frames
+// scripts/lab and veth take (veth's native XDP stops at 3506; above it
+// the AF_XDP links go multi-buffer by themselves).
+const (
+	minMTU     = 1280
+	maxMTU     = 9000
+	defaultMTU = 1500
+)
 
 func parseFlags(args []string) (config, error) {
 	var c config
@@ -76,12 +87,14 @@ func parseFlags(args []string) (config, error) {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `usage: scripts/bench [flags]
 
-Side-by-side benchmark, as root: a fresh two-host veth lab, then, for each
-round, for each size, every system (interleaved): the raw AF_XDP link floor
-(xmx linkbench), xmx (when its pingpong/stream commands exist), UCX tag_lat/
-tag_bw over TCP, libfabric fi_pingpong (tcp rdm tagged), sockperf ping-pong
-UDP and TCP, iperf3 TCP and UDP. Missing tools are installed from Debian.
-Prints one table per metric (with "xmx ÷ peer" ratios), writes results.json,
+Side-by-side benchmark, as root: a fresh two-host veth lab at MTU -mtu,
+then, for each round, for each size, every system (interleaved): the raw
+AF_XDP link floor (xmx linkbench, frames of at most MTU+14 bytes), xmx
+(pingpong and stream, busy-poll and blocking; stream -umem for the *-umem
+rows, bandwidth only), UCX tag_lat/tag_bw over TCP, libfabric fi_pingpong
+(tcp rdm tagged), sockperf ping-pong UDP and TCP, iperf3 TCP and UDP. Missing
+tools are installed from Debian. Prints one table per metric (with "xmx ÷
+peer" ratios, and "xmx ÷ link floor" for bandwidth), writes results.json,
 tables.txt, latency.png, latency_p99.png and bandwidth.png to the out dir, and
 removes the lab (also on Ctrl-C or failure).
 
@@ -100,6 +113,8 @@ Flags (one or two dashes):
 	fs.BoolVar(&c.noPin, "no-pin", false, "do not pin the peers' server to CPU 1 and client to CPU 0 (taskset); linkbench is never pinned")
 	fs.StringVar(&c.replot, "replot", "", "measure nothing: redraw tables.txt and the PNGs of `DIR` from its results.json")
 	fs.BoolVar(&c.noInstall, "no-install", false, "do not apt-get install missing tools (systems without their tool are skipped)")
+	fs.StringVar(&c.gather, "umem-gather", "", "pass \"-umem-gather `MODE`\" (auto, descriptors or copy) to xmx stream -umem in the *-umem rows (default: not passed, xmx's own default)")
+	fs.IntVar(&c.mtu, "mtu", defaultMTU, fmt.Sprintf("lab MTU, %d..%d (scripts/lab up --mtu N; the link floor streams N+14-byte frames)", minMTU, maxMTU))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return c, err
@@ -111,6 +126,14 @@ Flags (one or two dashes):
 	}
 	if c.rounds < 0 || c.rounds > 50 {
 		return c, fmt.Errorf("%w: --rounds %d: want 1..50", errUsage, c.rounds)
+	}
+	if c.mtu < minMTU || c.mtu > maxMTU {
+		return c, fmt.Errorf("%w: --mtu %d: want %d..%d", errUsage, c.mtu, minMTU, maxMTU)
+	}
+	switch c.gather {
+	case "", "auto", "descriptors", "copy":
+	default:
+		return c, fmt.Errorf("%w: --umem-gather %q: want auto, descriptors or copy", errUsage, c.gather)
 	}
 	if c.rounds == 0 {
 		c.rounds = 3
@@ -145,14 +168,22 @@ Flags (one or two dashes):
 	return c, nil
 }
 
-// matchOnly: "sockperf" selects sockperf-udp and sockperf-tcp; "ucx" selects ucx.
+// matchOnly: "sockperf" selects sockperf-udp and sockperf-tcp; "ucx" selects
+// ucx; "xmx" selects every xmx-* row. A pattern that is itself a system's
+// name selects that system only ("xmx-spin" is not also "xmx-spin-umem").
 func matchOnly(pattern, name string) bool {
-	return pattern == name || strings.HasPrefix(name, pattern+"-")
+	if pattern == name {
+		return true
+	}
+	if slices.Contains(allSystemNames(), pattern) {
+		return false
+	}
+	return strings.HasPrefix(name, pattern+"-")
 }
 
 func allSystemNames() []string {
 	var names []string
-	all := append(linkSystems(nil, func(string) bool { return true }), peerSystems()...)
+	all := append(linkSystems(nil, func(string) bool { return true }, defaultMTU), peerSystems(defaultMTU)...)
 	all = append(all, xmxSystems(nil)...)
 	for _, s := range all {
 		names = append(names, s.Data.Name)
@@ -230,20 +261,24 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	e := &Env{ctx: ctx, Repo: repo, Quick: cfg.quick, Progress: os.Stderr, Iface: "eth0", MTU: 1500}
+	e := &Env{ctx: ctx, Repo: repo, Quick: cfg.quick, Progress: os.Stderr, Iface: "eth0", MTU: cfg.mtu, UMEMGather: cfg.gather}
 
 	only := func(name string) bool {
 		return len(cfg.only) == 0 || slices.ContainsFunc(cfg.only, func(o string) bool { return matchOnly(o, name) })
 	}
 	xmxBin := xmxBinary(e, tmp)
 	var systems []*System
-	systems = append(systems, linkSystems(xmxBin, only)...)
+	systems = append(systems, linkSystems(xmxBin, only, cfg.mtu)...)
 	for _, s := range xmxSystems(xmxBin) {
+		if cfg.gather != "" && strings.HasSuffix(s.Data.Name, "-umem") {
+			s.Data.Label += " (-umem-gather " + cfg.gather + ")"
+			s.Data.Tool = strings.Replace(s.Data.Tool, " -umem ", " -umem -umem-gather "+cfg.gather+" ", 1)
+		}
 		if only(s.Data.Name) {
 			systems = append(systems, s)
 		}
 	}
-	for _, s := range peerSystems() {
+	for _, s := range peerSystems(cfg.mtu) {
 		if only(s.Data.Name) {
 			systems = append(systems, s)
 		}
@@ -284,7 +319,7 @@ func run(args []string) error {
 	}
 
 	// The lab.
-	lab, err := labUp(ctx, repo)
+	lab, err := labUp(ctx, repo, cfg.mtu)
 	if err != nil {
 		return err
 	}
@@ -308,21 +343,21 @@ func run(args []string) error {
 		res.Options.Pinning = "none (fewer than 2 CPUs)"
 	}
 	res.Lab = LabInfo{
-		Name: lab, Topology: "two network namespaces joined by a veth pair (scripts/lab up --name " + lab + ")", MTU: e.MTU,
+		Name: lab, Topology: fmt.Sprintf("two network namespaces joined by a veth pair (scripts/lab up --name %s --mtu %d)", lab, e.MTU), MTU: e.MTU,
 		Server: e.ServerNS + " eth0 " + e.ServerIP, Client: e.ClientNS + " eth0 " + e.ClientIP,
-		LinkFloor: "xmx linkbench brings up its own two-host veth lab of the same shape for every invocation",
+		LinkFloor: fmt.Sprintf("xmx linkbench -mtu %d brings up its own two-host veth lab of the same shape for every invocation", e.MTU),
 	}
 	if bin, err := xmxBin(); err == nil {
 		for _, s := range systems {
-			if strings.HasPrefix(s.Data.Name, "link-") {
-				s.Data.Version = xmxVersion(repo, bin)
+			if s.Data.Side == SideXMX {
+				s.Data.Version = xmxVersion(repo, bin, e.XMXFrom)
 			}
 		}
 	}
 
 	// Measure: for each round, for each size, every system (order rotated
 	// every round so no system always runs first).
-	fmt.Fprintf(os.Stderr, "bench: lab %s up; %d rounds x %d sizes x %d systems\n", lab, cfg.rounds, len(cfg.sizes), len(systems))
+	fmt.Fprintf(os.Stderr, "bench: lab %s up (MTU %d); %d rounds x %d sizes x %d systems\n", lab, e.MTU, cfg.rounds, len(cfg.sizes), len(systems))
 	if l := loadAvg(); busy(l) {
 		fmt.Fprintf(os.Stderr, "bench: warning: load average %s: something else is running; busy-polling systems suffer most, expect noise\n", l)
 	}
@@ -563,14 +598,30 @@ func packageVersions(pkgs []string) string {
 	return strings.Join(vs, ", ")
 }
 
-func xmxVersion(repo, bin string) string {
-	v := "xmx " + strings.TrimPrefix(bin, repo+"/")
+func xmxVersion(repo, bin, from string) string {
+	v := "xmx " + from
+	if from == "" {
+		v = "xmx " + strings.TrimPrefix(bin, repo+"/")
+	}
 	var about []string
 	if fi, err := os.Stat(bin); err == nil {
 		about = append(about, "built "+fi.ModTime().UTC().Format("2006-01-02 15:04 UTC"))
 	}
 	if out, err := exec.Command("git", "-C", repo, "rev-parse", "--short", "HEAD").Output(); err == nil {
 		about = append(about, "repository at "+strings.TrimSpace(string(out)))
+	}
+	// The tree is shared: say when it had uncommitted Go changes outside
+	// scripts/ (in bin/xmx if it was built from them; not in a HEAD build).
+	if out, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--", "*.go", "go.mod", "go.sum", ":!scripts").Output(); err == nil {
+		var files []string
+		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+			if len(l) > 3 {
+				files = append(files, l[3:])
+			}
+		}
+		if len(files) > 0 {
+			about = append(about, "working tree with uncommitted changes to "+strings.Join(files, " "))
+		}
 	}
 	if len(about) > 0 {
 		v += " (" + strings.Join(about, ", ") + ")"
@@ -579,7 +630,7 @@ func xmxVersion(repo, bin string) string {
 }
 
 // labUp brings up a fresh lab with a name no namespace uses yet.
-func labUp(ctx context.Context, repo string) (string, error) {
+func labUp(ctx context.Context, repo string, mtu int) (string, error) {
 	var name string
 	for range 20 {
 		n := fmt.Sprintf("b%07d", rand.IntN(10_000_000))
@@ -591,12 +642,12 @@ func labUp(ctx context.Context, repo string) (string, error) {
 	if name == "" {
 		return "", errors.New("could not pick an unused lab name")
 	}
-	cmd := exec.CommandContext(ctx, filepath.Join(repo, "scripts", "lab"), "up", "--name", name)
+	cmd := exec.CommandContext(ctx, filepath.Join(repo, "scripts", "lab"), "up", "--name", name, "--mtu", strconv.Itoa(mtu))
 	cmd.Dir = repo
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		_ = runQuiet(repo, "scripts/lab", "down", "--name", name)
-		return "", fmt.Errorf("scripts/lab up --name %s: %v\n%s", name, err, tail(string(out), 10))
+		return "", fmt.Errorf("scripts/lab up --name %s --mtu %d: %v\n%s", name, mtu, err, tail(string(out), 10))
 	}
 	return name, nil
 }

@@ -374,6 +374,11 @@ type xmxPoint struct {
 	MeanUs *float64 `json:"mean_us"`
 	MinUs  *float64 `json:"min_us"`
 	MBps   *float64 `json:"mbps"`
+	// xmx stream only.
+	Messages int     `json:"messages"`
+	Window   int     `json:"window"`
+	Seconds  float64 `json:"seconds"`
+	UMEM     bool    `json:"umem"` // sent from a buffer lent from the UMEM (-umem)
 }
 
 // parseXMXJSON accepts one JSON object, a JSON array of objects, or one

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -196,7 +198,13 @@ func TestParseXMXJSON(t *testing.T) {
 	if err != nil || len(pts) != 1 || pts[0].Size != 65536 || *pts[0].MBps != 1.29314697636954 || pts[0].P50us != nil {
 		t.Errorf("stream draft: %+v %v", pts, err)
 	}
-	if pts, err := parseXMXJSON([]byte(`{"size":8,"mean_us":2}`)); err != nil || len(pts) != 1 {
+	// Captured from xmx stream -umem (MTU 9000): says "umem":true.
+	pts, err = parseXMXJSON([]byte(fixture(t, "xmx_stream_umem.json")))
+	if err != nil || len(pts) != 1 || pts[0].Size != 1<<20 || !pts[0].UMEM || *pts[0].MBps != 1381.228342487137 ||
+		pts[0].Messages != 662 || pts[0].Window != 16 || pts[0].Seconds != 0.50256521 {
+		t.Errorf("stream -umem: %+v %v", pts, err)
+	}
+	if pts, err := parseXMXJSON([]byte(`{"size":8,"mean_us":2}`)); err != nil || len(pts) != 1 || pts[0].UMEM {
 		t.Errorf("one object: %v %v", pts, err)
 	}
 	for _, bad := range []string{"", "not json", `{"p50_us":1}`, `{"size":8}`, `[{"size":8,"p50_us":1},]`} {
@@ -239,14 +247,45 @@ func TestFlags(t *testing.T) {
 	if err != nil || c.rounds != 1 || len(c.sizes) != len(quickSizes) {
 		t.Errorf("--quick: %+v %v", c, err)
 	}
+	if c.mtu != 1500 {
+		t.Errorf("default MTU %d", c.mtu)
+	}
 	c, err = parseFlags([]string{"--rounds", "2", "--sizes", "8,1M", "--only", "ucx,sockperf", "--keep-lab", "--out", "/x"})
 	if err != nil || c.rounds != 2 || len(c.sizes) != 2 || len(c.only) != 2 || !c.keepLab || c.out != "/x" {
 		t.Errorf("flags: %+v %v", c, err)
 	}
+	for _, mtu := range []string{"1280", "3506", "9000"} {
+		c, err = parseFlags([]string{"-mtu", mtu, "-sizes", "64K,256K,1M", "-only", "link,xmx,ucx", "-rounds", "3"})
+		if err != nil || fmt.Sprint(c.mtu) != mtu || len(c.only) != 3 {
+			t.Errorf("-mtu %s: %+v %v", mtu, c, err)
+		}
+	}
+	if c, err := parseFlags([]string{"-umem-gather", "descriptors"}); err != nil || c.gather != "descriptors" {
+		t.Errorf("-umem-gather: %+v %v", c, err)
+	}
 	if !matchOnly("sockperf", "sockperf-udp") || matchOnly("sock", "sockperf-udp") || !matchOnly("ucx", "ucx") {
 		t.Error("matchOnly")
 	}
-	for _, bad := range [][]string{{"--only", "nosuch"}, {"--rounds", "-1"}, {"--sizes", "x"}, {"extra"}, {"--many-clients"}} {
+	// "xmx" is the family (the *-umem rows included); an exact name is that system only.
+	for _, tc := range []struct {
+		pattern, name string
+		want          bool
+	}{
+		{"xmx", "xmx-spin", true}, {"xmx", "xmx-poll-umem", true}, {"xmx", "xmx-spin-umem", true},
+		{"xmx-spin", "xmx-spin", true}, {"xmx-spin", "xmx-spin-umem", false}, {"xmx-spin-umem", "xmx-spin-umem", true},
+		{"link", "link-poll", true}, {"xmx", "link-spin", false}, {"link", "xmx-spin", false},
+	} {
+		if got := matchOnly(tc.pattern, tc.name); got != tc.want {
+			t.Errorf("matchOnly(%q, %q) = %v", tc.pattern, tc.name, got)
+		}
+	}
+	for _, name := range []string{"xmx-spin-umem", "xmx-poll-umem"} {
+		if !slices.Contains(allSystemNames(), name) {
+			t.Errorf("%s not a system", name)
+		}
+	}
+	for _, bad := range [][]string{{"--only", "nosuch"}, {"--rounds", "-1"}, {"--sizes", "x"}, {"extra"}, {"--many-clients"},
+		{"-mtu", "1279"}, {"-mtu", "9001"}, {"-mtu", "0"}, {"-mtu", "jumbo"}, {"-umem-gather", "sometimes"}} {
 		if _, err := parseFlags(bad); err == nil {
 			t.Errorf("%v: no error", bad)
 		}

@@ -22,6 +22,7 @@ import (
 var systemColors = map[string]string{
 	"link-spin": "#000000", "link-poll": "#7f7f7f",
 	"xmx-spin": "#d62728", "xmx-poll": "#ff7f0e",
+	"xmx-spin-umem": "#8b0000", "xmx-poll-umem": "#b8860b",
 	"ucx": "#1f77b4", "libfabric": "#2ca02c",
 	"sockperf-udp": "#9467bd", "sockperf-tcp": "#8c564b",
 	"iperf3-tcp": "#17becf", "iperf3-udp": "#bcbd22",
@@ -83,6 +84,8 @@ func plotScript(res *Results, t tableSpec, dir, out string) (string, error) {
 		switch {
 		case strings.HasPrefix(s.Name, "link-"):
 			style = "lw 2 dt 2 pt 6 ps 1.3"
+		case s.Side == SideXMX && strings.HasSuffix(s.Name, "-umem"):
+			style = "lw 3.5 dt 4 pt 13 ps 1.6"
 		case s.Side == SideXMX:
 			style = "lw 3.5 pt 5 ps 1.4"
 		}
@@ -101,8 +104,12 @@ func plotScript(res *Results, t tableSpec, dir, out string) (string, error) {
 	if d, err := time.Parse(time.RFC3339, res.Date); err == nil {
 		date = d.Format("2006-01-02 15:04 UTC")
 	}
-	title := fmt.Sprintf("%s vs message size\n%s; %d x %s, Linux %s; veth lab, %d round(s): median, bars min..max",
-		strings.SplitN(t.title, " (", 2)[0], date, m.Nproc, m.CPUModel, m.Kernel, res.Options.Rounds)
+	mtu := res.Lab.MTU
+	if mtu == 0 {
+		mtu = defaultMTU
+	}
+	title := fmt.Sprintf("%s vs message size\n%s; %d x %s, Linux %s; veth lab, MTU %d, %d round(s): median, bars min..max",
+		strings.SplitN(t.title, " (", 2)[0], date, m.Nproc, m.CPUModel, m.Kernel, mtu, res.Options.Rounds)
 	var b strings.Builder
 	fmt.Fprintf(&b, "set terminal pngcairo size 1400,900 font %s noenhanced\n", gpString("DejaVu Sans,12"))
 	fmt.Fprintf(&b, "set encoding utf8\nset output %s\n", gpString(out))
@@ -117,7 +124,8 @@ func plotScript(res *Results, t tableSpec, dir, out string) (string, error) {
 	b.WriteString("set bmargin 6\n")
 	b.WriteString("set bars 0.5\nset border lw 1.2\n")
 	if t.metric == Bandwidth {
-		b.WriteString("set label 1 '[*] some points ran at a capped size (sockperf: at least 14 B; iperf3 UDP datagrams: 16..1472 B; link frames: at most 1514 B, payload 1500 B)' at screen 0.01, screen 0.02 font 'DejaVu Sans,10'\n")
+		fmt.Fprintf(&b, "set label 1 '[*] some points ran at a capped size (sockperf: at least 14 B; iperf3 UDP datagrams: %d..%d B; link frames: at most %d B, payload %d B)' at screen 0.01, screen 0.02 font 'DejaVu Sans,10'\n",
+			iperfUDPMin, udpPayloadMax(mtu), mtu+ethHeader, mtu)
 	} else {
 		b.WriteString("set label 1 '[*] some points ran at a capped size (sockperf: at least 14 B)   [mean]: the tool gives only a mean' at screen 0.01, screen 0.02 font 'DejaVu Sans,10'\n")
 	}

@@ -1,7 +1,9 @@
 package main
 
 // The printed tables: one per metric (sizes as rows, systems as columns),
-// each followed by one ratio block per xmx-side system ("X ÷ peer").
+// each followed by one ratio block per xmx-side system ("X ÷ peer"); the
+// bandwidth table also has one block per xmx row against the raw link floor
+// of the same run ("X ÷ link floor", the link-* columns).
 
 import (
 	"fmt"
@@ -98,6 +100,55 @@ func cell(s *SystemData, metric, stat string, size int) (string, string) {
 	return str, marks
 }
 
+// isLink reports a raw link floor row (xmx linkbench).
+func isLink(s *SystemData) bool { return strings.HasPrefix(s.Name, "link-") }
+
+// ratioBlocks prints, for each column x that is numerator, a block of x's
+// value divided by every column that is denominator, size by size.
+func ratioBlocks(w io.Writer, res *Results, t tableSpec, cols []*SystemData, what, note string, numerator, denominator func(*SystemData) bool) {
+	var dens []*SystemData
+	for _, c := range cols {
+		if denominator(c) {
+			dens = append(dens, c)
+		}
+	}
+	if len(dens) == 0 {
+		return
+	}
+	for _, x := range cols {
+		if !numerator(x) || x.Disabled != "" {
+			continue
+		}
+		metric := "latency " + t.stat
+		if t.metric == Bandwidth {
+			metric = "bandwidth"
+		}
+		fmt.Fprintf(w, "\n  %s ÷ %s, %s (%s)\n", x.Name, what, metric, fmt.Sprintf(note, x.Name))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprint(tw, "  size\t")
+		for _, d := range dens {
+			fmt.Fprintf(tw, "÷%s\t", d.Name)
+		}
+		fmt.Fprintln(tw)
+		for _, size := range res.Options.Sizes {
+			xv, _, xok := x.lookup(t.metric, size).value(t.metric, t.stat)
+			if !xok {
+				continue
+			}
+			fmt.Fprintf(tw, "  %s\t", sizeLabel(size))
+			for _, d := range dens {
+				if dv, _, ok := d.lookup(t.metric, size).value(t.metric, t.stat); ok && dv > 0 {
+					fmt.Fprintf(tw, "%.2f×\t", xv/dv)
+				} else {
+					fmt.Fprint(tw, "-\t")
+				}
+			}
+			fmt.Fprintln(tw)
+		}
+		tw.Flush()
+	}
+}
+
 // fmtNum prints about three significant digits.
 func fmtNum(v float64) string {
 	switch a := math.Abs(v); {
@@ -171,44 +222,12 @@ func writeTables(w io.Writer, res *Results) {
 		fmt.Fprintf(w, "  %s\n", strings.Join(legend, "; "))
 
 		// Ratio blocks: each xmx-side column against every peer column.
-		var peers []*SystemData
-		for _, c := range cols {
-			if c.Side == SidePeer {
-				peers = append(peers, c)
-			}
-		}
-		for _, x := range cols {
-			if x.Side != SideXMX || len(peers) == 0 || x.Disabled != "" {
-				continue
-			}
-			what := "latency " + t.stat
-			if t.metric == Bandwidth {
-				what = "bandwidth"
-			}
-			fmt.Fprintf(w, "\n  %s ÷ peer, %s (%s)\n", x.Name, what, fmt.Sprintf(t.ratioNote, x.Name))
-			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-			fmt.Fprint(tw, "  size\t")
-			for _, p := range peers {
-				fmt.Fprintf(tw, "÷%s\t", p.Name)
-			}
-			fmt.Fprintln(tw)
-			for _, size := range res.Options.Sizes {
-				xv, _, xok := x.lookup(t.metric, size).value(t.metric, t.stat)
-				if !xok {
-					continue // nothing to compare at this size
-				}
-				fmt.Fprintf(tw, "  %s\t", sizeLabel(size))
-				for _, p := range peers {
-					pv, _, pok := p.lookup(t.metric, size).value(t.metric, t.stat)
-					if xok && pok && pv > 0 {
-						fmt.Fprintf(tw, "%.2f×\t", xv/pv)
-					} else {
-						fmt.Fprint(tw, "-\t")
-					}
-				}
-				fmt.Fprintln(tw)
-			}
-			tw.Flush()
+		ratioBlocks(w, res, t, cols, "peer", t.ratioNote,
+			func(c *SystemData) bool { return c.Side == SideXMX },
+			func(c *SystemData) bool { return c.Side == SidePeer })
+		if t.metric == Bandwidth {
+			ratioBlocks(w, res, t, cols, "link floor", "> 1: %s is faster than the raw link",
+				func(c *SystemData) bool { return c.Side == SideXMX && !isLink(c) }, isLink)
 		}
 	}
 

@@ -34,6 +34,10 @@ type Env struct {
 	ClientIP string
 	Iface    string // lab interface inside each namespace
 	MTU      int
+	XMXFrom  string // which xmx binary the xmx rows run (set by xmxBinary)
+	// UMEMGather, when set, is passed to the *-umem rows as
+	// "xmx stream -umem-gather MODE" (else xmx's default, auto).
+	UMEMGather string
 
 	// Pin, when set, maps a namespace to the CPU list its tools are pinned
 	// to with taskset (server and client on different cores).

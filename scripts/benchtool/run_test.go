@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,12 +84,14 @@ func TestXMXSystemContract(t *testing.T) {
 	script := `#!/bin/sh
 # A fake xmx following the contract in xmxSystems (systems.go).
 sub=$1; shift
-size=0; busy=no; once=no; json=no; peer=""
+size=0; busy=no; once=no; json=no; peer=""; umem=no; gather=auto
 while [ $# -gt 0 ]; do
   case $1 in
   -sizes) size=$2; shift ;;
   -n|-time|-i) shift ;;
   -busy) busy=yes ;;
+  -umem) [ "$sub" = stream ] || { echo "flag provided but not defined: -umem" >&2; exit 2; }; umem=yes ;;
+  -umem-gather) [ $umem = yes ] || { echo "-umem-gather before -umem" >&2; exit 2; }; gather=$2; shift ;;
   -once) once=yes ;;
   -json) json=yes ;;
   -*) echo "unknown flag $1" >&2; exit 2 ;;
@@ -104,6 +108,10 @@ fi
 if [ "$sub" = pingpong ]; then
   if [ $busy = yes ]; then p50=2.5; else p50=5.5; fi
   echo "{\"size\":$size,\"iterations\":10,\"p50_us\":$p50,\"p99_us\":9.5,\"mean_us\":3.0,\"min_us\":2.0,\"mbps\":3.2}"
+elif [ $umem = yes ]; then
+  [ "$gather" = auto ] && [ -n "$FAKE_XMX_COPY" ] || [ "$gather" = copy ] &&
+    echo "xmx stream: -umem: the link copies lent buffers into its frames (the socket is not in zero-copy mode, or -umem-gather copy)" >&2
+  echo "{\"size\":$size,\"messages\":400,\"window\":16,\"seconds\":0.5,\"mbps\":888.5,\"umem\":true}"
 else
   echo "[{\"size\":$size,\"mbps\":777.5}]"
 fi
@@ -114,7 +122,7 @@ echo "done" >&2
 	}
 	e := fakeEnv(t)
 	bin := func() (string, error) { return fake, nil }
-	spin := xmxSystem(bin, "xmx-spin", "busy-poll", "-busy")
+	spin := xmxSystem(bin, "xmx-spin", "busy-poll", "-busy", false)
 	s, err := spin.Measure(e, Latency, 1, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +130,7 @@ echo "done" >&2
 	if s.P50us == nil || *s.P50us != 2.5 || *s.P99us != 9.5 || s.MBps != nil || s.SizeUsed != 64 {
 		t.Errorf("pingpong sample: %+v", s)
 	}
-	s, err = xmxSystem(bin, "xmx-poll", "blocking", "").Measure(e, Latency, 1, 8)
+	s, err = xmxSystem(bin, "xmx-poll", "blocking", "", false).Measure(e, Latency, 1, 8)
 	if err != nil || *s.P50us != 5.5 {
 		t.Errorf("blocking pingpong: %+v %v", s, err)
 	}
@@ -130,8 +138,170 @@ echo "done" >&2
 	if err != nil || s.MBps == nil || *s.MBps != 777.5 {
 		t.Errorf("stream sample: %+v %v", s, err)
 	}
-	if xmxSystems(bin) != nil {
-		t.Log("xmxSystems returns rows: xmx pingpong/stream exist now")
+
+	// The UMEM rows: xmx stream -umem, bandwidth only.
+	spinUMEM := xmxSystem(bin, "xmx-spin-umem", "busy-poll", "-busy", true)
+	if got := spinUMEM.Data.Metrics; len(got) != 1 || got[0] != Bandwidth {
+		t.Errorf("umem row metrics %v, want bandwidth only", got)
+	}
+	s, err = spinUMEM.Measure(e, Bandwidth, 1, 1<<20)
+	if err != nil || s.MBps == nil || *s.MBps != 888.5 || s.Extra["umem_zero_copy"] != 1 || s.Extra["messages"] != 400 {
+		t.Errorf("umem stream sample: %+v %v", s, err)
+	}
+	t.Setenv("FAKE_XMX_COPY", "1")
+	s, err = xmxSystem(bin, "xmx-poll-umem", "blocking", "", true).Measure(e, Bandwidth, 1, 65536)
+	if err != nil || *s.MBps != 888.5 || s.Extra["umem_zero_copy"] != 0 {
+		t.Errorf("umem stream with a copy: %+v %v", s, err)
+	}
+	t.Setenv("FAKE_XMX_COPY", "")
+	e.UMEMGather = "copy" // scripts/bench -umem-gather copy
+	s, err = spinUMEM.Measure(e, Bandwidth, 1, 65536)
+	if err != nil || s.Extra["umem_zero_copy"] != 0 {
+		t.Errorf("umem stream, -umem-gather copy: %+v %v", s, err)
+	}
+	e.UMEMGather = "descriptors"
+	s, err = spinUMEM.Measure(e, Bandwidth, 1, 65536)
+	if err != nil || s.Extra["umem_zero_copy"] != 1 {
+		t.Errorf("umem stream, -umem-gather descriptors: %+v %v", s, err)
+	}
+	e.UMEMGather = ""
+	if _, err := spinUMEM.Measure(e, Latency, 1, 8); err == nil {
+		t.Error("umem row measured latency")
+	}
+	// A non-umem row must not pass -umem (the fake's pingpong rejects it;
+	// its plain stream answers without "umem").
+	s, err = xmxSystem(bin, "xmx-poll", "blocking", "", false).Measure(e, Bandwidth, 1, 65536)
+	if err != nil || *s.MBps != 777.5 {
+		t.Errorf("plain stream: %+v %v", s, err)
+	}
+
+	rows := map[string][]string{}
+	for _, x := range xmxSystems(bin) {
+		rows[x.Data.Name] = x.Data.Metrics
+	}
+	for name, want := range map[string]string{"xmx-spin": "latency,bandwidth", "xmx-poll": "latency,bandwidth",
+		"xmx-spin-umem": "bandwidth", "xmx-poll-umem": "bandwidth"} {
+		if got := strings.Join(rows[name], ","); got != want {
+			t.Errorf("%s metrics %q, want %q", name, got, want)
+		}
+	}
+}
+
+// A -umem run whose output does not say "umem":true (an xmx without the
+// flag would fail on it; one that ignored it must not pass for a UMEM row).
+func TestXMXUMEMNotConfirmed(t *testing.T) {
+	fake := filepath.Join(t.TempDir(), "xmx")
+	script := `#!/bin/sh
+case "$*" in
+*-once*) echo "waiting for clients" >&2; sleep 0.1 ;;
+*) echo '{"size":65536,"mbps":5.5}' ;;
+esac
+`
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e := fakeEnv(t)
+	_, err := xmxSystem(func() (string, error) { return fake, nil }, "xmx-spin-umem", "busy-poll", "-busy", true).Measure(e, Bandwidth, 1, 65536)
+	var te *toolError
+	if !errors.As(err, &te) || !strings.Contains(te.Msg, `"umem":true`) {
+		t.Errorf("got %v", err)
+	}
+}
+
+// TestLinkSystemsMTU runs the link floor rows against a fake xmx linkbench
+// that checks the frame sizes and lab MTU it is asked for.
+func TestLinkSystemsMTU(t *testing.T) {
+	for _, tc := range []struct {
+		mtu, size, frame int
+		fixture          string
+	}{
+		{1500, 64, 78, "linkbench_rounds1.json"},
+		{1500, 1 << 20, 1514, "linkbench_rounds1.json"},
+		{3506, 65536, 3520, "linkbench_rounds1.json"},
+		{9000, 1 << 20, 9014, "linkbench_mtu9000.json"},
+		{9000, 4096, 4110, "linkbench_mtu9000.json"},
+	} {
+		dir := t.TempDir()
+		fake := filepath.Join(dir, "xmx")
+		script := `#!/bin/sh
+echo "$@" > ` + filepath.Join(dir, "args") + `
+cat ` + filepath.Join(mustAbs(t, "testdata"), tc.fixture) + `
+`
+		if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		e := fakeEnv(t)
+		e.MTU = tc.mtu
+		sys := linkSystems(func() (string, error) { return fake, nil }, func(string) bool { return true }, tc.mtu)
+		if len(sys) != 2 {
+			t.Fatalf("%d link systems", len(sys))
+		}
+		s, err := sys[0].Measure(e, Bandwidth, 1, tc.size)
+		if err != nil {
+			t.Fatalf("MTU %d size %d: %v", tc.mtu, tc.size, err)
+		}
+		args, _ := os.ReadFile(filepath.Join(dir, "args"))
+		for _, want := range []string{fmt.Sprintf("-size %d ", tc.frame), fmt.Sprintf("-stream-size %d ", tc.frame), fmt.Sprintf("-mtu %d", tc.mtu)} {
+			if !strings.Contains(string(args)+" ", want) {
+				t.Errorf("MTU %d size %d: linkbench args %q lack %q", tc.mtu, tc.size, args, want)
+			}
+		}
+		rows, _ := parseLinkbenchJSON([]byte(fixture(t, tc.fixture)))
+		payload := tc.frame - ethHeader
+		if want := rows[0].FramesPerSec * float64(payload) / 1e6; s.SizeUsed != min(tc.size, payload) || s.Extra["frame"] != float64(tc.frame) ||
+			s.MBps == nil || math.Abs(*s.MBps-want) > 1e-6*want {
+			t.Errorf("MTU %d size %d: sample %+v, want %d-byte payload at %v frames/s", tc.mtu, tc.size, s, payload, rows[0].FramesPerSec)
+		}
+		// Latency only for sizes that fit one frame at this MTU.
+		if why := sys[0].Limit(Latency, tc.mtu); why != "" {
+			t.Errorf("MTU %d: latency at %d refused: %s", tc.mtu, tc.mtu, why)
+		}
+		if why := sys[1].Limit(Latency, tc.mtu+1); !strings.Contains(why, fmt.Sprint(tc.mtu+ethHeader)) {
+			t.Errorf("MTU %d: latency at %d: %q", tc.mtu, tc.mtu+1, why)
+		}
+		if !strings.Contains(strings.Join(sys[0].Data.Notes, " "), fmt.Sprintf("at most %d", tc.mtu)) {
+			t.Errorf("MTU %d: notes %q", tc.mtu, sys[0].Data.Notes)
+		}
+	}
+}
+
+func mustAbs(t *testing.T, p string) string {
+	t.Helper()
+	a, err := filepath.Abs(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func TestUMEMCopied(t *testing.T) {
+	for said, want := range map[string]bool{
+		"": false,
+		"xmx stream: -umem: the link copies lent buffers into its frames (the socket is not in zero-copy mode, or -umem-gather copy)\n": true,
+		"note\nxmx stream: -umem: the link sends lent buffers with a copy (not AF_XDP in multi-buffer mode)\n":                          true,
+		"xmx server: msglayer: cancelled (peer 00:00:00:00:00:00:0, match 0x0)\n":                                                       false,
+	} {
+		if got := umemCopied(said); got != want {
+			t.Errorf("umemCopied(%q) = %v", said, got)
+		}
+	}
+}
+
+func TestMTUDerived(t *testing.T) {
+	for _, tc := range []struct{ size, mtu, frame int }{
+		{8, 1500, 60}, {64, 1500, 78}, {1500, 1500, 1514}, {1501, 1500, 1514}, {1 << 20, 1500, 1514},
+		{1 << 20, 1280, 1294}, {4096, 3506, 3520}, {4096, 9000, 4110}, {1 << 20, 9000, 9014},
+	} {
+		if got := frameFor(tc.size, tc.mtu); got != tc.frame {
+			t.Errorf("frameFor(%d, %d) = %d, want %d", tc.size, tc.mtu, got, tc.frame)
+		}
+	}
+	if udpPayloadMax(1500) != 1472 || udpPayloadMax(9000) != 8972 {
+		t.Errorf("udpPayloadMax: %d %d", udpPayloadMax(1500), udpPayloadMax(9000))
+	}
+	udp := iperfSystem("udp", 9000)
+	if !strings.Contains(udp.Data.Tool, "min(SIZE,8972)") || !strings.Contains(strings.Join(udp.Data.Notes, " "), "16..8972") {
+		t.Errorf("iperf3 UDP at MTU 9000: %q %q", udp.Data.Tool, udp.Data.Notes)
 	}
 }
 
@@ -193,5 +363,69 @@ func TestAggregateAndTables(t *testing.T) {
 	if err != nil || !strings.Contains(script, "set logscale x 2") || !strings.Contains(script, "libfabric: libfabric [mean]") ||
 		!strings.Contains(script, "xmx-spin: xmx busy-poll") {
 		t.Errorf("plot script (%v):\n%s", err, script)
+	}
+}
+
+// TestTablesLinkFloorAndUMEM: at MTU 9000, the bandwidth table has a
+// "÷ link floor" block per xmx row (not for the link rows themselves),
+// the UMEM row appears in bandwidth only, and the MTU is in the header and
+// in the plot's notes.
+func TestTablesLinkFloorAndUMEM(t *testing.T) {
+	const mib = 1 << 20
+	res := &Results{Date: "2026-11-22T00:00:00Z", Options: Options{Rounds: 1, Sizes: []int{64, mib}}, Lab: LabInfo{Name: "b2", MTU: 9000}}
+	link := &SystemData{Name: "link-spin", Side: SideXMX, Label: "raw link", Metrics: []string{Latency, Bandwidth},
+		Skipped: []Skip{{Latency, mib, "more than one 9014-byte frame"}}}
+	x := &SystemData{Name: "xmx-spin", Side: SideXMX, Label: "xmx busy-poll", Metrics: []string{Latency, Bandwidth}}
+	xu := &SystemData{Name: "xmx-spin-umem", Side: SideXMX, Label: "xmx busy-poll, sending from a UMEM buffer", Metrics: []string{Bandwidth}}
+	u := &SystemData{Name: "ucx", Side: SidePeer, Label: "UCX", Metrics: []string{Latency, Bandwidth}}
+	add := func(s *SystemData, metric string, size int, smp Sample) {
+		smp.Round = 1
+		s.point(metric, size).Rounds = append(s.point(metric, size).Rounds, smp)
+	}
+	for _, size := range []int{64, mib} {
+		add(link, Bandwidth, size, Sample{SizeUsed: min(size, 9000), MBps: f64(2000)})
+		add(x, Bandwidth, size, Sample{SizeUsed: size, MBps: f64(1000)})
+		add(xu, Bandwidth, size, Sample{SizeUsed: size, MBps: f64(1900)})
+		add(u, Bandwidth, size, Sample{SizeUsed: size, MBps: f64(4000)})
+		add(x, Latency, size, Sample{SizeUsed: size, P50us: f64(3)})
+		add(u, Latency, size, Sample{SizeUsed: size, P50us: f64(4)})
+	}
+	add(link, Latency, 64, Sample{SizeUsed: 64, P50us: f64(1)})
+	res.Systems = []*SystemData{u, link, x, xu}
+	for _, s := range res.Systems {
+		for _, pts := range s.Results {
+			for _, p := range pts {
+				p.aggregate()
+			}
+		}
+	}
+	var b bytes.Buffer
+	writeTables(&b, res)
+	out := b.String()
+	bw := out[strings.Index(out, "Bandwidth"):]
+	for _, want := range []string{
+		"MTU 9000",
+		"xmx-spin ÷ link floor, bandwidth", "xmx-spin-umem ÷ link floor, bandwidth", "÷link-spin", "0.50×", "0.95×",
+		"xmx-spin-umem ÷ peer, bandwidth", "0.47×", // 1900 / 4000
+		"2000*", // the link ran at 9000 B
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tables lack %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "link-spin ÷ link floor") {
+		t.Errorf("a link row divided by itself:\n%s", out)
+	}
+	lat := out[strings.Index(out, "One-way latency p50"):strings.Index(out, "Bandwidth")]
+	if strings.Contains(lat, "xmx-spin-umem") || strings.Contains(lat, "÷ link floor") {
+		t.Errorf("the UMEM row or a link-floor ratio in the latency tables:\n%s", lat)
+	}
+	if !strings.Contains(bw, "xmx-spin-umem") {
+		t.Errorf("no UMEM column in bandwidth:\n%s", bw)
+	}
+	script, err := plotScript(res, tableSpecs[3], t.TempDir(), "/tmp/bw.png")
+	if err != nil || !strings.Contains(script, "MTU 9000") || !strings.Contains(script, "16..8972 B") ||
+		!strings.Contains(script, "at most 9014 B, payload 9000 B") || !strings.Contains(script, "xmx-spin-umem: xmx busy-poll, sending from a UMEM buffer") {
+		t.Errorf("bandwidth plot script (%v):\n%s", err, script)
 	}
 }

@@ -6,9 +6,11 @@ package main
 // one (metric, size) and returns a Sample.
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,11 +38,20 @@ const (
 
 	sockperfMinMsg = 14    // sockperf's header: smaller -m is rejected
 	sockperfMaxMsg = 65507 // sockperf's largest message, UDP and TCP alike
-	udpPayloadMax  = 1472  // 1500-byte MTU minus IP and UDP headers
 	iperfUDPMin    = 16    // iperf3's UDP datagram header: smaller -l is rejected
+	ipUDPHeaders   = 20 + 8
 	ethHeader      = 14
 	minFrame       = 60 // smallest Ethernet frame xmx linkbench sends (no FCS)
 )
+
+// udpPayloadMax is the largest UDP payload in one IPv4 packet at this MTU
+// (1472 at 1500): iperf3 UDP datagrams are capped there so none is fragmented.
+func udpPayloadMax(mtu int) int { return mtu - ipUDPHeaders }
+
+// frameFor is the Ethernet frame (header included, no FCS) the link floor
+// uses for a message size: the size's own frame, at most one full frame at
+// this MTU (MTU+14), at least the 60-byte minimum.
+func frameFor(size, mtu int) int { return max(minFrame, min(size, mtu)+ethHeader) }
 
 func clamp(x, lo, hi int) int { return max(lo, min(hi, x)) }
 
@@ -64,8 +75,8 @@ func bwIters(size int, quick bool) int {
 }
 
 // peerSystems are the systems a user would pick instead of xmx.
-func peerSystems() []*System {
-	return []*System{ucxSystem(), fabricSystem(), sockperfSystem("udp"), sockperfSystem("tcp"), iperfSystem("tcp"), iperfSystem("udp")}
+func peerSystems(mtu int) []*System {
+	return []*System{ucxSystem(), fabricSystem(), sockperfSystem("udp"), sockperfSystem("tcp"), iperfSystem("tcp", mtu), iperfSystem("udp", mtu)}
 }
 
 // ---- UCX -----------------------------------------------------------------
@@ -229,7 +240,8 @@ func sockperfSystem(proto string) *System {
 
 // ---- iperf3 --------------------------------------------------------------
 
-func iperfSystem(proto string) *System {
+func iperfSystem(proto string, mtu int) *System {
+	udpMax := udpPayloadMax(mtu)
 	d := &SystemData{Name: "iperf3-" + proto, Side: SidePeer, Metrics: []string{Bandwidth}}
 	if proto == "tcp" {
 		d.Label = "iperf3 TCP, 1 stream"
@@ -237,10 +249,11 @@ func iperfSystem(proto string) *System {
 		d.Notes = []string{"receiver goodput of one TCP stream for 1 s; SIZE is the write() size (-l), TCP coalesces small writes"}
 	} else {
 		d.Label = "iperf3 UDP, -b 0"
-		d.Tool = "iperf3 -s -1 -B SERVER -p PORT / iperf3 -c SERVER -p PORT -t 1 -J -u -b 0 -l min(SIZE,1472)"
+		d.Tool = fmt.Sprintf("iperf3 -s -1 -B SERVER -p PORT / iperf3 -c SERVER -p PORT -t 1 -J -u -b 0 -l min(SIZE,%d)", udpMax)
 		d.Notes = []string{
 			"receiver goodput (what arrived, loss excluded) of unpaced UDP for 1 s; the loss is in extra.loss_pct",
-			"datagrams are 16..1472 bytes (iperf3's minimum; one 1500-byte frame): 8 B ran at 16 B, sizes above 1472 ran at 1472 (marked *), measured once per round and shared by those sizes",
+			fmt.Sprintf("datagrams are %d..%d bytes (iperf3's minimum; one %d-byte IP packet at MTU %d): 8 B ran at %d B, sizes above %d ran at %d (marked *), measured once per round and shared by those sizes",
+				iperfUDPMin, udpMax, mtu, mtu, iperfUDPMin, udpMax, udpMax),
 		}
 	}
 	cache := map[int]Sample{} // per round: the capped UDP measurement
@@ -257,7 +270,7 @@ func iperfSystem(proto string) *System {
 	s.Measure = func(e *Env, metric string, round, size int) (Sample, error) {
 		used := size
 		if proto == "udp" {
-			used = clamp(size, iperfUDPMin, udpPayloadMax)
+			used = clamp(size, iperfUDPMin, udpMax)
 			if c, ok := cache[used]; ok && used != size {
 				return c, nil
 			}
@@ -302,7 +315,11 @@ func iperfSystem(proto string) *System {
 // linkSystems measure the raw AF_XDP link (no messaging layer) with
 // "xmx linkbench -json", which brings up its own two-host lab. They are
 // xmx-side rows: what xmx pingpong/stream can at best approach.
-func linkSystems(xmxBin func() (string, error), only func(string) bool) []*System {
+//
+// At MTU M, a size above M streams full M+14-byte frames (-stream-size
+// M+14) and its bandwidth is frames/s x M; veth's native XDP stops at MTU
+// 3506, above it the AF_XDP sockets run in multi-buffer mode by themselves.
+func linkSystems(xmxBin func() (string, error), only func(string) bool, mtu int) []*System {
 	type key struct{ round, frame int }
 	cache := map[key]map[string]linkRow{}
 	failed := map[key]error{} // one linkbench run per (round, frame), failed or not
@@ -313,7 +330,6 @@ func linkSystems(xmxBin func() (string, error), only func(string) bool) []*Syste
 			wanted = append(wanted, names[n])
 		}
 	}
-	frameFor := func(size int) int { return max(minFrame, min(size, 1500)+ethHeader) }
 	// runLinkbench runs one linkbench for one frame size (both systems).
 	runLinkbench := func(e *Env, frame int) (map[string]linkRow, error) {
 		bin, err := xmxBin()
@@ -326,7 +342,7 @@ func linkSystems(xmxBin func() (string, error), only func(string) bool) []*Syste
 		}
 		argv := []string{bin, "linkbench", "-json", "-rounds", "1", "-n", n, "-warmup", "1000",
 			"-size", strconv.Itoa(frame), "-stream-size", strconv.Itoa(frame), "-stream-time", stream,
-			"-systems", strings.Join(wanted, ","), "-mtu", strconv.Itoa(e.MTU)}
+			"-systems", strings.Join(wanted, ","), "-mtu", strconv.Itoa(mtu)}
 		out, err := e.runLocal("xmx linkbench", argv, time.Minute)
 		if err != nil {
 			return nil, err
@@ -363,25 +379,25 @@ func linkSystems(xmxBin func() (string, error), only func(string) bool) []*Syste
 			Data: &SystemData{
 				Name: name, Side: SideXMX,
 				Label:   "raw AF_XDP link, " + mode + " (xmx linkbench " + names[name] + ")",
-				Tool:    "xmx linkbench -json -rounds 1 -size FRAME -stream-size FRAME -systems afxdp-spin,afxdp-poll (its own veth lab)",
+				Tool:    fmt.Sprintf("xmx linkbench -json -rounds 1 -mtu %d -size FRAME -stream-size FRAME -systems afxdp-spin,afxdp-poll (its own veth lab)", mtu),
 				Metrics: []string{Latency, Bandwidth},
 				Notes: []string{
-					"the floor under xmx: raw Ethernet frames through xmx's AF_XDP link, no messaging layer; frame = max(60, SIZE+14)",
-					"latency: round trip p50/p99 of single frames, halved; only sizes that fit one frame (<= 1500)",
-					"bandwidth: frames/s received x payload bytes (SIZE, at most 1500: larger sizes are full frames, marked *)",
+					fmt.Sprintf("the floor under xmx: raw Ethernet frames through xmx's AF_XDP link, no messaging layer; frame = max(60, min(SIZE, %d)+14), the lab at MTU %d", mtu, mtu),
+					fmt.Sprintf("latency: round trip p50/p99 of single frames, halved; only sizes that fit one frame (<= %d)", mtu),
+					fmt.Sprintf("bandwidth: frames/s received x payload bytes (SIZE, at most %d: larger sizes stream full %d-byte frames, marked *, one linkbench run per round shared by those sizes)", mtu, mtu+ethHeader),
 				},
 			},
 			Binaries: nil,
 			Limit: func(metric string, size int) string {
-				if metric == Latency && size > 1500 {
-					return "more than one 1500-byte frame: the raw link has no single-frame latency for it"
+				if metric == Latency && size > mtu {
+					return fmt.Sprintf("more than one %d-byte frame: the raw link has no single-frame latency for it", mtu+ethHeader)
 				}
 				return ""
 			},
 		}
 		sysName := names[name]
 		s.Measure = func(e *Env, metric string, round, size int) (Sample, error) {
-			frame := frameFor(size)
+			frame := frameFor(size, mtu)
 			start := time.Now()
 			rows, err := measure(e, round, frame)
 			if err != nil {
@@ -419,8 +435,16 @@ func lossPct(sent, recvd uint64) float64 {
 	return 100 * float64(sent-min(sent, recvd)) / float64(sent)
 }
 
-// xmxBinary returns a function that finds the xmx binary: bin/xmx when it is
-// there, else one built once from ./cmd/xmx into dir.
+// xmxBinary returns a function that finds the xmx binary, once:
+//   - bin/xmx when no Go source of the module is newer ("make build" first
+//     measures the working tree as it is);
+//   - else ./cmd/xmx of the repository's HEAD commit (git archive), built
+//     into dir: the tree is shared, and a result that says "repository at
+//     X" must not carry someone's half-done edits; bin/xmx is left alone;
+//   - else (no git) ./cmd/xmx of the working tree; and if that build
+//     fails too, a stale bin/xmx, with a warning.
+//
+// e.XMXFrom says which (it goes into the rows' "version").
 func xmxBinary(e *Env, dir string) func() (string, error) {
 	var bin string
 	var berr error
@@ -430,34 +454,83 @@ func xmxBinary(e *Env, dir string) func() (string, error) {
 			return bin, berr
 		}
 		done = true
-		if p := filepath.Join(e.Repo, "bin", "xmx"); fileExists(p) {
-			bin = p
-			if newer := newestSource(e.Repo); newer != "" {
-				fmt.Fprintf(e.Progress, "bench: warning: bin/xmx is older than %s: run \"make build\" to measure the current tree\n", newer)
+		p := filepath.Join(e.Repo, "bin", "xmx")
+		have := fileExists(p)
+		newer := ""
+		if have {
+			if newer = newestSource(e.Repo); newer == "" {
+				bin, e.XMXFrom = p, "bin/xmx"
+				return bin, nil
 			}
-			return bin, nil
 		}
-		fmt.Fprintf(e.Progress, "building ./cmd/xmx (no bin/xmx)...\n")
-		out := filepath.Join(dir, "xmx")
 		goBin := "go"
 		if p := "/usr/local/go/bin/go"; fileExists(p) {
 			goBin = p
 		}
-		if _, err := e.runLocal("go build", []string{goBin, "build", "-C", e.Repo, "-o", out, "./cmd/xmx"}, 5*time.Minute); err != nil {
-			berr = err
-			return "", err
+		out := filepath.Join(dir, "xmx")
+		var errs []error
+		if head, err := exportHead(e, filepath.Join(dir, "head")); err == nil {
+			if have {
+				fmt.Fprintf(e.Progress, "bench: bin/xmx is older than %s: measuring ./cmd/xmx of HEAD (%s), built for this run (\"make build\" first to measure the working tree)\n", newer, head)
+			} else {
+				fmt.Fprintf(e.Progress, "bench: no bin/xmx: building ./cmd/xmx of HEAD (%s)\n", head)
+			}
+			if _, err := e.runLocal("go build", []string{goBin, "build", "-C", filepath.Join(dir, "head"), "-o", out, "./cmd/xmx"}, 5*time.Minute); err == nil {
+				bin, e.XMXFrom = out, "./cmd/xmx of HEAD "+head+", built for this run"
+				return bin, nil
+			} else {
+				errs = append(errs, err)
+			}
+		} else {
+			errs = append(errs, err)
+			fmt.Fprintf(e.Progress, "bench: cannot export HEAD (%v): building ./cmd/xmx of the working tree\n", err)
+			if _, err := e.runLocal("go build", []string{goBin, "build", "-C", e.Repo, "-o", out, "./cmd/xmx"}, 5*time.Minute); err == nil {
+				bin, e.XMXFrom = out, "./cmd/xmx of the working tree, built for this run"
+				return bin, nil
+			} else {
+				errs = append(errs, err)
+			}
 		}
-		bin = out
-		return bin, nil
+		if have {
+			fmt.Fprintf(e.Progress, "bench: warning: could not build xmx (%v): measuring bin/xmx, which is older than %s\n", errors.Join(errs...), newer)
+			bin, e.XMXFrom = p, "bin/xmx, older than "+newer
+			return bin, nil
+		}
+		berr = errors.Join(errs...)
+		return "", berr
 	}
+}
+
+// exportHead writes the repository's HEAD commit into dir (git archive) and
+// returns its short hash.
+func exportHead(e *Env, dir string) (string, error) {
+	out, err := exec.Command("git", "-C", e.Repo, "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "", fmt.Errorf("git rev-parse HEAD: %v", err)
+	}
+	head := strings.TrimSpace(string(out))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	archive := filepath.Join(filepath.Dir(dir), "head.tar")
+	if _, err := e.runLocal("git archive", []string{"git", "-C", e.Repo, "archive", "--format=tar", "-o", archive, head}, time.Minute); err != nil {
+		return "", err
+	}
+	if _, err := e.runLocal("tar", []string{"tar", "-x", "-f", archive, "-C", dir}, time.Minute); err != nil {
+		return "", err
+	}
+	_ = os.Remove(archive)
+	return head, nil
 }
 
 // ---- xmx itself ----------------------------------------------------------
 
 // xmxSystems returns the xmx rows: msglayer in busy-poll and in blocking
-// mode, measured with xmx pingpong (latency) and xmx stream (bandwidth).
-// They get table columns, ratio blocks ("xmx-spin ÷ ucx" ...), plot lines
-// and results.json entries like any system.
+// mode, measured with xmx pingpong (latency) and xmx stream (bandwidth),
+// and the same two modes streaming from a buffer lent from the UMEM
+// (xmx stream -umem: bandwidth only, the *-umem rows). They get table
+// columns, ratio blocks ("xmx-spin ÷ ucx" ..., and "÷ link floor" for
+// bandwidth), plot lines and results.json entries like any system.
 //
 // Contract (as drafted in cmd/xmx/pingpong.go and stream.go; the parser,
 // parseXMXJSON, is tested on testdata/xmx_*.json and TestXMXSystemContract
@@ -470,6 +543,7 @@ func xmxBinary(e *Env, dir string) func() (string, error) {
 //	client, in h1 (XMX_HOSTNAME=h1), PEER = the server's host name "h2":
 //	    xmx pingpong -i eth0 [-busy] -sizes SIZE -n N -json h2
 //	    xmx stream   -i eth0 [-busy] -sizes SIZE -time 500ms -json h2
+//	    xmx stream   -i eth0 [-busy] -umem -sizes SIZE -time 500ms -json h2
 //	client stdout: one JSON object per size (JSON lines, or one array):
 //	    {"size":8,"p50_us":3.1,"p99_us":7.9,"mean_us":3.4,"min_us":2.6}
 //	    {"size":1048576,"mbps":1234.5}
@@ -478,27 +552,55 @@ func xmxBinary(e *Env, dir string) func() (string, error) {
 //	at the receiver, not megabits (pingpong's mbps, implied by the round
 //	trip, is ignored: bandwidth comes from stream). Fields a command does
 //	not measure are omitted. A non-zero exit status means failure, and
-//	stderr says why.
+//	stderr says why. With -umem, each object says "umem":true, and stderr
+//	says "with a copy" when the link cannot send the lent buffer in place.
 func xmxSystems(xmxBin func() (string, error)) []*System {
 	return []*System{
-		xmxSystem(xmxBin, "xmx-spin", "busy-poll", "-busy"),
-		xmxSystem(xmxBin, "xmx-poll", "blocking", ""),
+		xmxSystem(xmxBin, "xmx-spin", "busy-poll", "-busy", false),
+		xmxSystem(xmxBin, "xmx-poll", "blocking", "", false),
+		xmxSystem(xmxBin, "xmx-spin-umem", "busy-poll", "-busy", true),
+		xmxSystem(xmxBin, "xmx-poll-umem", "blocking", "", true),
 	}
 }
 
-// xmxSystem is one xmx row following the contract above: mode "busy-poll"
-// with flag "-busy", or "blocking" with no flag.
-func xmxSystem(xmxBin func() (string, error), name, mode, flag string) *System {
-	s := &System{
-		Data: &SystemData{
-			Name: name, Side: SideXMX, Label: "xmx " + mode,
-			Tool: "xmx pingpong -i eth0 " + flag + " -once (server) / xmx pingpong|stream -i eth0 " + flag +
-				" -sizes SIZE -n N|-time T -json h2 (client)",
-			Metrics: []string{Latency, Bandwidth},
-			Notes:   []string{"latency from xmx pingpong (one way, half the round trip), bandwidth from xmx stream (receiver payload MB/s)"},
-		},
-		Limit: func(string, int) string { return "" },
+// umemCopied reports whether xmx stream -umem said (stderr) that the link
+// copies the lent buffer into its frames after all: "the link copies lent
+// buffers into its frames (the socket is not in zero-copy mode, or
+// -umem-gather copy)"; before -umem-gather: "the link sends lent buffers
+// with a copy (not AF_XDP in multi-buffer mode)".
+func umemCopied(stderr string) bool {
+	for _, line := range strings.Split(stderr, "\n") {
+		if strings.Contains(line, "-umem: the link") &&
+			(strings.Contains(line, "copies lent buffers") || strings.Contains(line, "sends lent buffers with a copy")) {
+			return true
+		}
 	}
+	return false
+}
+
+// xmxSystem is one xmx row following the contract above: mode "busy-poll"
+// with flag "-busy", or "blocking" with no flag. A umem row runs only the
+// bandwidth metric, with xmx stream -umem (the client sends from a buffer
+// lent from its UMEM); xmx pingpong has no such mode, so it has no latency.
+func xmxSystem(xmxBin func() (string, error), name, mode, flag string, umem bool) *System {
+	d := &SystemData{
+		Name: name, Side: SideXMX, Label: "xmx " + mode,
+		Tool: "xmx pingpong -i eth0 " + flag + " -once (server) / xmx pingpong|stream -i eth0 " + flag +
+			" -sizes SIZE -n N|-time T -json h2 (client)",
+		Metrics: []string{Latency, Bandwidth},
+		Notes:   []string{"latency from xmx pingpong (one way, half the round trip), bandwidth from xmx stream (receiver payload MB/s)"},
+	}
+	if umem {
+		d.Label = "xmx " + mode + ", sending from a UMEM buffer"
+		d.Tool = "xmx pingpong -i eth0 " + flag + " -once (server) / xmx stream -i eth0 " + flag + " -umem -sizes SIZE -time T -json h2 (client)"
+		d.Metrics = []string{Bandwidth}
+		d.Notes = []string{
+			"bandwidth only: xmx stream -umem, the client sends from a buffer lent from its UMEM (a rendezvous message's pull replies can leave as UMEM descriptors, without a CPU copy); receiver payload MB/s",
+			"how the data leaves is xmx stream's -umem-gather (auto unless scripts/bench -umem-gather says otherwise: UMEM descriptors on a zero-copy socket, else copied into the frames; descriptors: always UMEM descriptors, multi-buffer socket)",
+			"extra.umem_zero_copy is 1 when the link sent the lent buffer where it lies, 0 when xmx stream said it copies it into its frames",
+		}
+	}
+	s := &System{Data: d, Limit: func(string, int) string { return "" }}
 	s.Measure = func(e *Env, metric string, round, size int) (Sample, error) {
 		bin, err := xmxBin()
 		if err != nil {
@@ -518,7 +620,15 @@ func xmxSystem(xmxBin func() (string, error), name, mode, flag string) *System {
 				dur = "300ms"
 			}
 			client = append([]string{bin, sub}, common...)
+			if umem {
+				client = append(client, "-umem")
+				if e.UMEMGather != "" {
+					client = append(client, "-umem-gather", e.UMEMGather)
+				}
+			}
 			client = append(client, "-sizes", strconv.Itoa(size), "-time", dur)
+		} else if umem {
+			return Sample{}, fmt.Errorf("%s measures bandwidth only (xmx pingpong has no -umem)", name)
 		}
 		client = append(client, "-json", "h2")
 		start := time.Now()
@@ -547,6 +657,25 @@ func xmxSystem(xmxBin func() (string, error), name, mode, flag string) *System {
 				smp.P50us, smp.P99us, smp.MeanUs, smp.MinUs = p.P50us, p.P99us, p.MeanUs, p.MinUs
 			} else {
 				smp.MBps = p.MBps
+				if p.Messages > 0 {
+					smp.Extra["messages"] = float64(p.Messages)
+				}
+				if p.Window > 0 {
+					smp.Extra["window"] = float64(p.Window)
+				}
+				if p.Seconds > 0 {
+					smp.Extra["seconds"] = p.Seconds
+				}
+			}
+			if umem {
+				if !p.UMEM {
+					return Sample{}, &toolError{Tool: "xmx " + sub, Command: ro.Command,
+						Msg: `-umem given but the result does not say "umem":true (an xmx without -umem?)`, Stderr: tail(ro.All(), 8)}
+				}
+				smp.Extra["umem_zero_copy"] = 1
+				if umemCopied(ro.Stderr) {
+					smp.Extra["umem_zero_copy"] = 0
+				}
 			}
 			if smp.P50us == nil && smp.MeanUs == nil && smp.MBps == nil {
 				break
