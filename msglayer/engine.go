@@ -547,6 +547,15 @@ func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan stru
 		if g.bgDriving.Load() {
 			g.signal()
 		}
+		// The token is usually free: take it without the cost of a
+		// three-way select.
+		select {
+		case g.drive <- struct{}{}:
+			err := g.driveUntil(ctx, done)
+			<-g.drive
+			return err
+		default:
+		}
 		select {
 		case g.drive <- struct{}{}:
 			err := g.driveUntil(ctx, done)
