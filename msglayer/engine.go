@@ -74,7 +74,7 @@ type engine struct {
 	// +checklocks:mu
 	txq []txEntry // frames queued for the link, in order
 	// +checklocks:mu
-	scratch [][]byte // free frame buffers for unreliable frames
+	scratch [][]byte // free frame buffers: unreliable frames, window slots, frames held out of order
 	// +checklocks:mu
 	badFrames uint64 // frames that failed to decode or name no endpoint
 	// +checklocks:mu
@@ -197,7 +197,22 @@ func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostna
 // maxFrame is the longest frame the engine builds.
 func (g *engine) maxFrame() int { return g.mtu + xdp.EthHeaderLen }
 
-// scratchBuf returns a frame buffer for an unreliable frame.
+// maxFreeFrames bounds the free frame buffers an engine keeps.
+const maxFreeFrames = 1024
+
+// freeBuf gives a frame buffer back to the engine's free list.
+//
+// +checklocks:g.mu
+func (g *engine) freeBuf(b []byte) {
+	if len(g.scratch) < maxFreeFrames {
+		g.scratch = append(g.scratch, b[:cap(b)])
+	}
+}
+
+// scratchBuf returns a frame buffer (for an unreliable frame, a window
+// slot, a frame held out of order). Buffers are lent while in use and
+// come back when done, so an engine's memory follows the frames in
+// flight, not its number of peers times their windows.
 //
 // +checklocks:g.mu
 func (g *engine) scratchBuf() []byte {
@@ -305,12 +320,20 @@ func (g *engine) flushAndUnlock() {
 			e := &g.txSending[i]
 			switch {
 			case e.slot != nil:
-				e.slot.pending--
-				repump = repump || e.slot.pending == 0
+				s := e.slot
+				s.pending--
+				if s.pending == 0 {
+					repump = true
+					if !s.used && s.buf != nil {
+						// Acked while being sent.
+						g.freeBuf(s.buf)
+						s.buf = nil
+					}
+				}
 			case e.job.r != nil:
 				g.unpin(e.job.r) // e.buf, if set, is one of txScratch
 			default:
-				g.scratch = append(g.scratch, e.buf[:cap(e.buf)])
+				g.freeBuf(e.buf)
 			}
 		}
 		clear(g.txSending)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -285,5 +286,68 @@ func TestConvertedSendCompletesOnlyWhenAcked(t *testing.T) {
 		if _, err := a.Wait(ctx, r); err != nil {
 			t.Fatalf("send %d after a converted send: %v\n%s", i, err, a.DebugPeer(b.Addr()))
 		}
+	}
+}
+
+// TestMemoryPerPeer checks that an engine's memory follows the frames in
+// flight, not its peers times their windows: clients that each sent many
+// window's worth of frames hold almost nothing once acked (beyond the
+// engine's bounded list of free frame buffers).
+func TestMemoryPerPeer(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	ls := hub.Attach()
+	t.Cleanup(func() { ls.Close() })
+	srv := openEP(t, msglayer.Config{Link: ls, EndpointID: 0, Key: 1})
+	const clients, msgs, size = 64, 600, 1000 // 600 frames: the 256-frame window wraps twice
+	ctx := ctxFor(t, 60*time.Second)
+	var before, after runtime.MemStats
+	var eps []*msglayer.Endpoint
+	lc := hub.Attach() // the clients share one engine, as in one process
+	t.Cleanup(func() { lc.Close() })
+	for i := 0; i < clients; i++ {
+		e := openEP(t, msglayer.Config{Link: lc, EndpointID: uint8(1 + i), Key: 1})
+		if err := e.Connect(ctx, srv.Addr(), 1); err != nil {
+			t.Fatal(err)
+		}
+		eps = append(eps, e)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	buf := make([]byte, size)
+	for _, e := range eps {
+		var last msglayer.Request
+		for j := 0; j < msgs; j++ {
+			r, err := srv.Irecv(0, 0, [][]byte{buf}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := e.Isend(srv.Addr(), 1, [][]byte{message(j, size)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := srv.Wait(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if j < msgs-1 {
+				e.Forget(s)
+			} else {
+				last = s
+			}
+		}
+		if _, err := e.Wait(ctx, last); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	growth := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	per := growth / clients
+	t.Logf("heap grew %d KiB for %d peers that each sent %d frames: %d KiB per peer", growth>>10, clients, msgs, per>>10)
+	// Each client costs a peer record on both sides (about 35 KiB each:
+	// window and out-of-order slots); the two engines' free lists are
+	// bounded (maxFreeFrames). Holding every slot's frame buffer would
+	// cost 2 x 256 x 1514 bytes more per client.
+	if per > 200<<10 {
+		t.Errorf("%d KiB of heap per client after its frames were acked; want < 200 KiB (frame buffers must go back to the engine)", per>>10)
 	}
 }

@@ -98,9 +98,10 @@ func (p *peer) reset(code Code) {
 	for i := range p.win {
 		s := &p.win[i]
 		s.used, s.req, s.sacked, s.retries = false, nil, false, 0
+		p.releaseSlot(s)
 	}
 	for i := range p.ooo {
-		p.ooo[i].full = false
+		p.releaseOOO(&p.ooo[i])
 	}
 	p.nextSeq, p.acked, p.expected = 0, 0, 0
 	p.oooCount, p.ackPending, p.ackDue = 0, 0, 0
@@ -219,9 +220,31 @@ func (p *peer) nextSlot() *txSlot {
 		return nil
 	}
 	if s.buf == nil {
-		s.buf = make([]byte, p.ep.eng.maxFrame())
+		s.buf = p.ep.eng.scratchBuf()
 	}
 	return s
+}
+
+// releaseSlot gives an idle window slot's buffer back to the engine,
+// unless the link is still sending it (the flush gives it back then).
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) releaseSlot(s *txSlot) {
+	if s.pending == 0 && s.buf != nil {
+		p.ep.eng.freeBuf(s.buf)
+		s.buf = nil
+	}
+}
+
+// releaseOOO empties an out-of-order slot and gives its buffer back.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) releaseOOO(s *rxSlot) {
+	s.full = false
+	if s.buf != nil {
+		p.ep.eng.freeBuf(s.buf)
+		s.buf = nil
+	}
 }
 
 // header fills the common header fields of a frame to the peer.
@@ -336,6 +359,7 @@ func (p *peer) onAck(ack uint32, now int64) {
 			}
 		}
 		s.used, s.req, s.sacked = false, nil, false
+		p.releaseSlot(s)
 	}
 	p.acked = ack
 	p.lastHeard = now

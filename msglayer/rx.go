@@ -173,7 +173,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 			e.stats.Duplicates++
 		} else {
 			if s.buf == nil {
-				s.buf = make([]byte, e.eng.maxFrame())
+				s.buf = e.eng.scratchBuf()
 			}
 			s.n = copy(s.buf, f)
 			s.full = true
@@ -207,7 +207,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		if res == dropped {
 			break
 		}
-		s.full = false
+		p.releaseOOO(s)
 		p.oooCount--
 		if res == refused {
 			// The rendezvous version of this message will come with the
