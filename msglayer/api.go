@@ -268,6 +268,9 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	if info&^mask != 0 {
 		return Request{}, &ArgError{Arg: fmt.Sprintf("match info %#x (mask %#x)", info, mask), Err: ErrBadMatchMask}
 	}
+	if c := e.match.ctxBits(); mask&c != c {
+		return Request{}, &ArgError{Arg: fmt.Sprintf("mask %#x (context id bits %#x)", mask, c), Err: ErrBadMatchMask}
+	}
 	n, err := checkSegs(segs)
 	if err != nil {
 		return Request{}, err

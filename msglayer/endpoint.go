@@ -70,6 +70,14 @@ type Config struct {
 	// UnexpectedHandler, when set, is called for every message that
 	// matches no posted receive, before it is queued.
 	UnexpectedHandler func(UnexpectedMessage) HandlerAction
+
+	// ContextIDBits (0..8) bits of the match info, starting at bit
+	// ContextIDShift, name a message's context, as MX's context ids do:
+	// each context has its own queues of posted receives and unexpected
+	// messages, so matching in one never walks another's. A receive must
+	// name its context: its mask must cover those bits (else
+	// ErrBadMatchMask).
+	ContextIDBits, ContextIDShift uint
 }
 
 // UnexpectedMessage describes a message that matched no posted receive.
@@ -148,6 +156,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Window < 2 || c.Window > 1<<15 {
 		return &ArgError{Arg: "Window", Err: fmt.Errorf("%d: want 2..32768", c.Window)}
+	}
+	if c.ContextIDBits > 8 || c.ContextIDBits > 0 && c.ContextIDShift+c.ContextIDBits > 64 {
+		return &ArgError{Arg: "ContextIDBits", Err: fmt.Errorf("%d bits at bit %d: want 0..8 bits within the 64-bit match info", c.ContextIDBits, c.ContextIDShift)}
 	}
 	if c.PullBlocks > 64 {
 		return &ArgError{Arg: "PullBlocks", Err: fmt.Errorf("%d: want 1..64", c.PullBlocks)}
@@ -272,6 +283,7 @@ func Open(cfg Config) (*Endpoint, error) {
 	e.session = binary.BigEndian.Uint32(b[:]) | 1 // never 0 (0 means "unknown")
 	e.nextID = binary.BigEndian.Uint32(b[4:])
 	e.addr = Addr{MAC: g.mac, EP: e.id}
+	e.match.init(cfg.ContextIDBits, cfg.ContextIDShift)
 	g.mu.Lock()
 	if g.eps[e.id] != nil {
 		g.mu.Unlock()
@@ -411,7 +423,7 @@ func (e *Endpoint) Close() error {
 	for _, p := range e.peers {
 		p.failAll(Closed)
 	}
-	for r := e.match.recvHead; r != nil; r = e.match.recvHead {
+	for r := e.match.firstRecv(); r != nil; r = e.match.firstRecv() {
 		e.match.removeRecv(r)
 		e.complete(r, Closed)
 	}

@@ -1075,16 +1075,20 @@ func endpointInvariants(e *Endpoint) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	bytes, rndv, n := 0, 0, 0
-	for u := e.match.unexpHead; u != nil && n <= e.match.nUnexp; u = u.next {
+	bad := ""
+	e.match.eachUnexp(func(u *unexp) {
 		n++
 		if u.rndv {
 			rndv++
 		} else {
 			bytes += int(u.msgLen)
 			if u.received > u.msgLen || len(u.data) != int(u.msgLen) {
-				return fmt.Sprintf("unexpected message of %d bytes holds %d, received %d", u.msgLen, len(u.data), u.received)
+				bad = fmt.Sprintf("unexpected message of %d bytes holds %d, received %d", u.msgLen, len(u.data), u.received)
 			}
 		}
+	})
+	if bad != "" {
+		return bad
 	}
 	if n != e.match.nUnexp {
 		return fmt.Sprintf("%d unexpected messages queued, nUnexp %d", n, e.match.nUnexp)
@@ -1096,8 +1100,10 @@ func endpointInvariants(e *Endpoint) string {
 		return fmt.Sprintf("%d unexpected bytes held, bound %d", bytes, e.cfg.UnexpectedBytes)
 	}
 	n = 0
-	for r := e.match.recvHead; r != nil && n <= e.match.nRecvs; r = r.rnext {
-		n++
+	for c := range e.match.queues {
+		for r := e.match.queues[c].recvHead; r != nil && n <= e.match.nRecvs; r = r.rnext {
+			n++
+		}
 	}
 	if n != e.match.nRecvs {
 		return fmt.Sprintf("%d receives queued, nRecvs %d", n, e.match.nRecvs)
@@ -1189,9 +1195,7 @@ func freshMatch(e *Endpoint, seed uint64) uint64 {
 	defer g.mu.Unlock()
 	for m := 0x5eed000000000000 + seed; ; m++ {
 		used := false
-		for u := e.match.unexpHead; u != nil; u = u.next {
-			used = used || u.match == m
-		}
+		e.match.eachUnexp(func(u *unexp) { used = used || u.match == m })
 		if !used {
 			return m
 		}

@@ -2,7 +2,7 @@ package msglayer
 
 // The matcher holds the posted receives and the unexpected messages of an
 // endpoint, each in arrival order, as intrusive doubly linked lists (no
-// allocation to post, match or cancel). A message matches a receive when
+// allocation to post, match or cancel), one pair of lists per context id. A message matches a receive when
 // message.match & recv.mask == recv.info; an arriving message takes the
 // oldest posted receive it matches, a posted receive takes the oldest
 // unexpected message that matches it. The matcher is owned by its endpoint
@@ -11,6 +11,7 @@ package msglayer
 // unexp is a message that arrived before a matching receive was posted.
 type unexp struct {
 	prev, next *unexp
+	seq        uint64 // arrival stamp (matcher.unexpSeq)
 	src        *peer
 	match      uint64
 	msgLen     uint32
@@ -31,10 +32,42 @@ type unexp struct {
 func (u *unexp) complete() bool { return u.rndv || u.received == u.msgLen }
 
 type matcher struct {
+	// Context ids (Config.ContextIDBits, ContextIDShift): the bits
+	// (m >> ctxShift) & ctxMask of a match info name its context, and each
+	// context has its own two queues. A receive names its context exactly
+	// (it may not wildcard those bits), so it only ever looks at one
+	// queue; arrival order still holds within each context, which is
+	// all that matching can observe.
+	ctxShift uint
+	ctxMask  uint64
+	queues   []ctxQueue // by context id; one without context bits
+	nRecvs   int
+	nUnexp   int
+	unexpSeq uint64 // stamps unexpected messages, to find the oldest across contexts
+}
+
+// ctxQueue is one context's posted receives and unexpected messages.
+type ctxQueue struct {
 	recvHead, recvTail   *request
-	nRecvs               int
 	unexpHead, unexpTail *unexp
-	nUnexp               int
+}
+
+// init sets up the context queues.
+func (q *matcher) init(bits, shift uint) {
+	q.ctxShift = shift
+	q.ctxMask = 1<<bits - 1
+	q.queues = make([]ctxQueue, 1<<bits)
+}
+
+// ctxBits is the mask of the context bits in a match info.
+func (q *matcher) ctxBits() uint64 { return q.ctxMask << q.ctxShift }
+
+// of returns the queues of the context of match info m.
+func (q *matcher) of(m uint64) *ctxQueue {
+	if len(q.queues) == 1 {
+		return &q.queues[0]
+	}
+	return &q.queues[(m>>q.ctxShift)&q.ctxMask]
 }
 
 // matches reports whether a message with match info m fits (info, mask).
@@ -43,7 +76,7 @@ func matches(m, info, mask uint64) bool { return m&mask == info }
 // arrive returns the oldest posted receive matching m, removed from the
 // queue, or nil.
 func (q *matcher) arrive(m uint64) *request {
-	for r := q.recvHead; r != nil; r = r.rnext {
+	for r := q.of(m).recvHead; r != nil; r = r.rnext {
 		if matches(m, r.info, r.mask) {
 			q.removeRecv(r)
 			return r
@@ -63,24 +96,62 @@ func (q *matcher) post(info, mask uint64) *unexp {
 }
 
 // probe returns the oldest unexpected message matching (info, mask) and
-// leaves it queued.
+// leaves it queued. A probe that wildcards context bits looks at every
+// context.
 func (q *matcher) probe(info, mask uint64) *unexp {
-	for u := q.unexpHead; u != nil; u = u.next {
-		if matches(u.match, info, mask) {
-			return u
+	if mask&q.ctxBits() == q.ctxBits() {
+		for u := q.of(info).unexpHead; u != nil; u = u.next {
+			if matches(u.match, info, mask) {
+				return u
+			}
+		}
+		return nil
+	}
+	var oldest *unexp
+	for i := range q.queues {
+		for u := q.queues[i].unexpHead; u != nil; u = u.next {
+			if matches(u.match, info, mask) {
+				if oldest == nil || u.seq < oldest.seq {
+					oldest = u
+				}
+				break
+			}
+		}
+	}
+	return oldest
+}
+
+// firstRecv returns a posted receive, or nil if there is none.
+func (q *matcher) firstRecv() *request {
+	for i := range q.queues {
+		if r := q.queues[i].recvHead; r != nil {
+			return r
 		}
 	}
 	return nil
 }
 
-func (q *matcher) pushRecv(r *request) {
-	r.rprev, r.rnext = q.recvTail, nil
-	if q.recvTail != nil {
-		q.recvTail.rnext = r
-	} else {
-		q.recvHead = r
+// eachUnexp calls f for every unexpected message; f may remove the one it
+// is given.
+func (q *matcher) eachUnexp(f func(u *unexp)) {
+	for i := range q.queues {
+		for u := q.queues[i].unexpHead; u != nil; {
+			next := u.next
+			f(u)
+			u = next
+		}
 	}
-	q.recvTail = r
+}
+
+func (q *matcher) pushRecv(r *request) {
+	c := q.of(r.info)
+	r.rprev, r.rnext = c.recvTail, nil
+	if c.recvTail != nil {
+		c.recvTail.rnext = r
+	} else {
+		c.recvHead = r
+	}
+	c.recvTail = r
 	r.queued = true
 	q.nRecvs++
 }
@@ -89,41 +160,46 @@ func (q *matcher) removeRecv(r *request) {
 	if !r.queued {
 		return
 	}
+	c := q.of(r.info)
 	if r.rprev != nil {
 		r.rprev.rnext = r.rnext
 	} else {
-		q.recvHead = r.rnext
+		c.recvHead = r.rnext
 	}
 	if r.rnext != nil {
 		r.rnext.rprev = r.rprev
 	} else {
-		q.recvTail = r.rprev
+		c.recvTail = r.rprev
 	}
 	r.rprev, r.rnext, r.queued = nil, nil, false
 	q.nRecvs--
 }
 
 func (q *matcher) pushUnexp(u *unexp) {
-	u.prev, u.next = q.unexpTail, nil
-	if q.unexpTail != nil {
-		q.unexpTail.next = u
+	c := q.of(u.match)
+	q.unexpSeq++
+	u.seq = q.unexpSeq
+	u.prev, u.next = c.unexpTail, nil
+	if c.unexpTail != nil {
+		c.unexpTail.next = u
 	} else {
-		q.unexpHead = u
+		c.unexpHead = u
 	}
-	q.unexpTail = u
+	c.unexpTail = u
 	q.nUnexp++
 }
 
 func (q *matcher) removeUnexp(u *unexp) {
+	c := q.of(u.match)
 	if u.prev != nil {
 		u.prev.next = u.next
 	} else {
-		q.unexpHead = u.next
+		c.unexpHead = u.next
 	}
 	if u.next != nil {
 		u.next.prev = u.prev
 	} else {
-		q.unexpTail = u.prev
+		c.unexpTail = u.prev
 	}
 	u.prev, u.next = nil, nil
 	q.nUnexp--

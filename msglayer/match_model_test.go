@@ -77,9 +77,19 @@ func FuzzMatcher(f *testing.F) {
 	f.Add([]byte{mopArrive, 1, mopArrive, 2, mopArrive, 1, mopPost, 0x0a, mopPost, 0x0a, mopPost, 0x0a, mopPost, 0x08})
 	f.Add([]byte{mopPost, 0x01, mopPost, 0x02, mopPost, 0x03, mopCancel, 1, mopCancel, 0, mopArrive, 3, mopCancel, 2, mopArrive, 1})
 	f.Add([]byte{mopArrive, 7, mopArrive, 6, mopTakeUnexp, 1, mopTakeUnexp, 0, mopPost, 0x38, mopArrive, 4, mopPost, 0x3c})
+	f.Add([]byte{0x05, 0, mopArrive, 1, mopArrive, 0x11, mopPost, 0x39, mopProbe, 0x0b, mopPost, 0x09})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var q matcher
 		var m matcherModel
+		// The first byte chooses the context ids: 0, 1 or 2 bits, at bit
+		// 0 or 4. The model knows nothing of contexts: receives name
+		// theirs exactly, so per-context queues must behave as one.
+		if len(data) > 0 && len(data)%2 == 1 {
+			q.init(uint(data[0]%3), uint(data[0]>>2&1)*4)
+			data = data[1:]
+		} else {
+			q.init(0, 0)
+		}
 		var all []*request // every receive ever posted, queued or not
 		var log []string
 		fail := func(format string, args ...any) {
@@ -92,6 +102,9 @@ func FuzzMatcher(f *testing.F) {
 			case mopPost:
 				mask := modelMasks[arg>>3&7]
 				info := modelMatches[arg&7] & mask // the API rejects info&^mask != 0
+				if mask&q.ctxBits() != q.ctxBits() {
+					continue // the API rejects a receive that wildcards its context
+				}
 				log = append(log, fmt.Sprintf("post(%#x,%#x)", info, mask))
 				r := &request{kind: kindRecv, info: info, mask: mask}
 				all = append(all, r)
@@ -164,30 +177,22 @@ func checkMatcher(t *testing.T, q *matcher, m *matcherModel, all []*request, log
 	if q.nRecvs != len(m.recvs) || q.nUnexp != len(m.unexp) {
 		fail("nRecvs %d nUnexp %d, model %d %d", q.nRecvs, q.nUnexp, len(m.recvs), len(m.unexp))
 	}
-	// Receives, forward then backward; the walks are bounded so that a
-	// cycle fails instead of hanging.
-	var fw []*request
-	var prev *request
-	for r := q.recvHead; r != nil && len(fw) <= len(m.recvs); r = r.rnext {
-		if r.rprev != prev {
-			fail("receive %d: rprev %p, want %p", len(fw), r.rprev, prev)
+	for c := range q.queues {
+		cq := &q.queues[c]
+		inCtx := func(m uint64) bool { return q.of(m) == cq }
+		var recvs []*request
+		for _, r := range m.recvs {
+			if inCtx(r.info) {
+				recvs = append(recvs, r)
+			}
 		}
-		fw = append(fw, r)
-		prev = r
-	}
-	if !slices.Equal(fw, m.recvs) {
-		fail("receive list forward %p, model %p", fw, m.recvs)
-	}
-	if q.recvTail != prev {
-		fail("recvTail %p, last element %p", q.recvTail, prev)
-	}
-	var bw []*request
-	for r := q.recvTail; r != nil && len(bw) <= len(m.recvs); r = r.rprev {
-		bw = append(bw, r)
-	}
-	slices.Reverse(bw)
-	if !slices.Equal(bw, m.recvs) {
-		fail("receive list backward %p, model %p", bw, m.recvs)
+		var unexps []*unexp
+		for _, u := range m.unexp {
+			if inCtx(u.match) {
+				unexps = append(unexps, u)
+			}
+		}
+		checkQueue(fail, c, cq, recvs, unexps)
 	}
 	for _, r := range all {
 		if want := slices.Contains(m.recvs, r); r.queued != want {
@@ -196,28 +201,58 @@ func checkMatcher(t *testing.T, q *matcher, m *matcherModel, all []*request, log
 			fail("receive %p not queued but linked", r)
 		}
 	}
+}
+
+// checkQueue compares context c's lists with the model's (those of the
+// model's receives and messages that belong to the context, in order).
+func checkQueue(fail func(string, ...any), c int, q *ctxQueue, recvs []*request, unexps []*unexp) {
+	// Receives, forward then backward; the walks are bounded so that a
+	// cycle fails instead of hanging.
+	var fw []*request
+	var prev *request
+	for r := q.recvHead; r != nil && len(fw) <= len(recvs); r = r.rnext {
+		if r.rprev != prev {
+			fail("context %d receive %d: rprev %p, want %p", c, len(fw), r.rprev, prev)
+		}
+		fw = append(fw, r)
+		prev = r
+	}
+	if !slices.Equal(fw, recvs) {
+		fail("context %d receive list forward %p, model %p", c, fw, recvs)
+	}
+	if q.recvTail != prev {
+		fail("context %d recvTail %p, last element %p", c, q.recvTail, prev)
+	}
+	var bw []*request
+	for r := q.recvTail; r != nil && len(bw) <= len(recvs); r = r.rprev {
+		bw = append(bw, r)
+	}
+	slices.Reverse(bw)
+	if !slices.Equal(bw, recvs) {
+		fail("context %d receive list backward %p, model %p", c, bw, recvs)
+	}
 	// Unexpected messages.
 	var ufw []*unexp
 	var uprev *unexp
-	for u := q.unexpHead; u != nil && len(ufw) <= len(m.unexp); u = u.next {
+	for u := q.unexpHead; u != nil && len(ufw) <= len(unexps); u = u.next {
 		if u.prev != uprev {
-			fail("unexpected %d: prev %p, want %p", len(ufw), u.prev, uprev)
+			fail("context %d unexpected %d: prev %p, want %p", c, len(ufw), u.prev, uprev)
 		}
 		ufw = append(ufw, u)
 		uprev = u
 	}
-	if !slices.Equal(ufw, m.unexp) {
-		fail("unexpected list forward %p, model %p", ufw, m.unexp)
+	if !slices.Equal(ufw, unexps) {
+		fail("context %d unexpected list forward %p, model %p", c, ufw, unexps)
 	}
 	if q.unexpTail != uprev {
-		fail("unexpTail %p, last element %p", q.unexpTail, uprev)
+		fail("context %d unexpTail %p, last element %p", c, q.unexpTail, uprev)
 	}
 	var ubw []*unexp
-	for u := q.unexpTail; u != nil && len(ubw) <= len(m.unexp); u = u.prev {
+	for u := q.unexpTail; u != nil && len(ubw) <= len(unexps); u = u.prev {
 		ubw = append(ubw, u)
 	}
 	slices.Reverse(ubw)
-	if !slices.Equal(ubw, m.unexp) {
-		fail("unexpected list backward %p, model %p", ubw, m.unexp)
+	if !slices.Equal(ubw, unexps) {
+		fail("context %d unexpected list backward %p, model %p", c, ubw, unexps)
 	}
 }

@@ -351,3 +351,91 @@ func TestMemoryPerPeer(t *testing.T) {
 		t.Errorf("%d KiB of heap per client after its frames were acked; want < 200 KiB (frame buffers must go back to the engine)", per>>10)
 	}
 }
+
+// TestContextIDs checks MX context ids: a receive must name its context,
+// messages of one context never match receives of another, order holds
+// within each, and a probe that wildcards the context finds the oldest.
+func TestContextIDs(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	cfg := msglayer.Config{ContextIDBits: 4, ContextIDShift: 60}
+	a, b := w.pair(t, cfg, cfg)
+	ctx := ctxFor(t, 10*time.Second)
+	const ctxA, ctxB = uint64(1) << 60, uint64(2) << 60
+	if _, err := b.Irecv(0, 0xff, nil, nil); !errors.Is(err, msglayer.ErrBadMatchMask) {
+		t.Fatalf("a receive wildcarding the context bits = %v, want ErrBadMatchMask", err)
+	}
+	if _, err := msglayer.Open(msglayer.Config{Link: xdp.NewHub(xdp.MemConfig{}).Attach(), ContextIDBits: 9}); err == nil {
+		t.Fatal("9 context id bits accepted")
+	}
+	send := func(m uint64, n int) {
+		s, err := a.Isend(b.Addr(), m, [][]byte{message(int(m&0xff), n)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Unexpected: two in context B, then one in context A.
+	send(ctxB|1, 100)
+	big, err := a.Isend(b.Addr(), ctxB|2, [][]byte{message(2, 50000)}, nil) // rendezvous: completes once pulled
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, ok := b.Iprobe(ctxB|2, ^uint64(0)); ok {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the rendezvous record never arrived")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	send(ctxA|3, 100)
+	if st, ok := b.Iprobe(0, 0); !ok || st.Match != ctxB|1 {
+		t.Fatalf("wildcard probe = %#x, %v; want the oldest, %#x", st.Match, ok, ctxB|1)
+	}
+	if st, ok := b.Iprobe(ctxA, 0xf<<60); !ok || st.Match != ctxA|3 {
+		t.Fatalf("probe of context A = %#x, %v", st.Match, ok)
+	}
+	// A receive of context A takes A's message although B's are older.
+	recv := func(info, mask uint64, n int) msglayer.Status {
+		buf := make([]byte, n)
+		r, err := b.Irecv(info, mask, [][]byte{buf}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := b.Wait(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkMessage(t, buf[:st.XferLen], int(st.Match&0xff), st.MsgLen)
+		return st
+	}
+	if st := recv(ctxA, 0xf<<60, 100); st.Match != ctxA|3 {
+		t.Fatalf("context A receive got %#x", st.Match)
+	}
+	if st := recv(ctxB, 0xf<<60, 50000); st.Match != ctxB|1 || st.MsgLen != 100 {
+		t.Fatalf("context B receive got %#x (%d bytes), want the oldest of B", st.Match, st.MsgLen)
+	}
+	if st := recv(ctxB, 0xf<<60, 50000); st.Match != ctxB|2 || st.MsgLen != 50000 {
+		t.Fatalf("context B receive got %#x (%d bytes)", st.Match, st.MsgLen)
+	}
+	if _, err := a.Wait(ctx, big); err != nil {
+		t.Fatal(err)
+	}
+	// Posted first: an arriving message only looks at its context's receives.
+	bufB := make([]byte, 10)
+	rb, _ := b.Irecv(ctxB, 0xf<<60, [][]byte{bufB}, nil)
+	send(ctxA|4, 10)
+	if _, ok, _ := b.Test(rb); ok {
+		t.Fatal("a message of context A completed a receive of context B")
+	}
+	if st := recv(ctxA, 0xf<<60, 10); st.Match != ctxA|4 {
+		t.Fatalf("got %#x", st.Match)
+	}
+	send(ctxB|5, 10)
+	if st, err := b.Wait(ctx, rb); err != nil || st.Match != ctxB|5 {
+		t.Fatalf("context B receive = %#x, %v", st.Match, err)
+	}
+}

@@ -148,13 +148,11 @@ func (p *peer) failAll(code Code) {
 	// Unexpected messages whose data will never come: rendezvous records
 	// (the data was at the peer) and eager messages still incomplete. A
 	// complete eager message is kept: its data is here.
-	for u := e.match.unexpHead; u != nil; {
-		next := u.next
+	e.match.eachUnexp(func(u *unexp) {
 		if u.src == p && !(u.localSend == nil && !u.rndv && u.complete()) {
 			e.dropUnexp(u)
 		}
-		u = next
-	}
+	})
 }
 
 // abandonIn gives up the eager message being reassembled: its receive
