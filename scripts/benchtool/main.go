@@ -69,6 +69,7 @@ type config struct {
 	replot    string
 	mtu       int
 	gather    string // -umem-gather for the *-umem rows ("": xmx's default)
+	xmxRev    string // build ./cmd/xmx of this commit for the xmx-side rows
 }
 
 // Lab MTUs -mtu accepts: IPv6's minimum link MTU up to the jumbo frames
@@ -114,6 +115,7 @@ Flags (one or two dashes):
 	fs.StringVar(&c.replot, "replot", "", "measure nothing: redraw tables.txt and the PNGs of `DIR` from its results.json")
 	fs.BoolVar(&c.noInstall, "no-install", false, "do not apt-get install missing tools (systems without their tool are skipped)")
 	fs.StringVar(&c.gather, "umem-gather", "", "pass \"-umem-gather `MODE`\" (auto, descriptors or copy) to xmx stream -umem in the *-umem rows (default: not passed, xmx's own default)")
+	fs.StringVar(&c.xmxRev, "xmx-rev", "", "measure ./cmd/xmx of git commit `REV` (git archive, built for the run) instead of bin/xmx or HEAD: runs that should compare the same xmx while the tree moves")
 	fs.IntVar(&c.mtu, "mtu", defaultMTU, fmt.Sprintf("lab MTU, %d..%d (scripts/lab up --mtu N; the link floor streams N+14-byte frames)", minMTU, maxMTU))
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -261,7 +263,7 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	e := &Env{ctx: ctx, Repo: repo, Quick: cfg.quick, Progress: os.Stderr, Iface: "eth0", MTU: cfg.mtu, UMEMGather: cfg.gather}
+	e := &Env{ctx: ctx, Repo: repo, Quick: cfg.quick, Progress: os.Stderr, Iface: "eth0", MTU: cfg.mtu, UMEMGather: cfg.gather, XMXRev: cfg.xmxRev}
 
 	only := func(name string) bool {
 		return len(cfg.only) == 0 || slices.ContainsFunc(cfg.only, func(o string) bool { return matchOnly(o, name) })
@@ -317,6 +319,14 @@ func run(args []string) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
+	// The xmx binary, before the lab (a build takes a while); an explicit
+	// -xmx-rev that cannot be built is a setup error, otherwise the rows
+	// fail one by one and say why.
+	if slices.ContainsFunc(systems, func(s *System) bool { return s.Data.Side == SideXMX }) {
+		if _, err := xmxBin(); err != nil && cfg.xmxRev != "" {
+			return fmt.Errorf("--xmx-rev %s: %v", cfg.xmxRev, err)
+		}
+	}
 
 	// The lab.
 	lab, err := labUp(ctx, repo, cfg.mtu)
@@ -350,7 +360,7 @@ func run(args []string) error {
 	if bin, err := xmxBin(); err == nil {
 		for _, s := range systems {
 			if s.Data.Side == SideXMX {
-				s.Data.Version = xmxVersion(repo, bin, e.XMXFrom)
+				s.Data.Version = xmxVersion(repo, bin, e.XMXFrom, e.XMXTree)
 			}
 		}
 	}
@@ -598,7 +608,7 @@ func packageVersions(pkgs []string) string {
 	return strings.Join(vs, ", ")
 }
 
-func xmxVersion(repo, bin, from string) string {
+func xmxVersion(repo, bin, from string, tree bool) string {
 	v := "xmx " + from
 	if from == "" {
 		v = "xmx " + strings.TrimPrefix(bin, repo+"/")
@@ -610,17 +620,19 @@ func xmxVersion(repo, bin, from string) string {
 	if out, err := exec.Command("git", "-C", repo, "rev-parse", "--short", "HEAD").Output(); err == nil {
 		about = append(about, "repository at "+strings.TrimSpace(string(out)))
 	}
-	// The tree is shared: say when it had uncommitted Go changes outside
-	// scripts/ (in bin/xmx if it was built from them; not in a HEAD build).
-	if out, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--", "*.go", "go.mod", "go.sum", ":!scripts").Output(); err == nil {
-		var files []string
-		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
-			if len(l) > 3 {
-				files = append(files, l[3:])
+	// The tree is shared: say when a binary built from the working tree
+	// (bin/xmx) may carry uncommitted Go changes outside scripts/.
+	if tree {
+		if out, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--", "*.go", "go.mod", "go.sum", ":!scripts").Output(); err == nil {
+			var files []string
+			for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+				if len(l) > 3 {
+					files = append(files, l[3:])
+				}
 			}
-		}
-		if len(files) > 0 {
-			about = append(about, "working tree with uncommitted changes to "+strings.Join(files, " "))
+			if len(files) > 0 {
+				about = append(about, "working tree with uncommitted changes to "+strings.Join(files, " "))
+			}
 		}
 	}
 	if len(about) > 0 {

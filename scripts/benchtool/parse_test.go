@@ -260,6 +260,9 @@ func TestFlags(t *testing.T) {
 			t.Errorf("-mtu %s: %+v %v", mtu, c, err)
 		}
 	}
+	if c, err := parseFlags([]string{"-xmx-rev", "abc1234"}); err != nil || c.xmxRev != "abc1234" {
+		t.Errorf("-xmx-rev: %+v %v", c, err)
+	}
 	if c, err := parseFlags([]string{"-umem-gather", "descriptors"}); err != nil || c.gather != "descriptors" {
 		t.Errorf("-umem-gather: %+v %v", c, err)
 	}

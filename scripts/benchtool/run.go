@@ -35,6 +35,8 @@ type Env struct {
 	Iface    string // lab interface inside each namespace
 	MTU      int
 	XMXFrom  string // which xmx binary the xmx rows run (set by xmxBinary)
+	XMXTree  bool   // and it was built from the working tree (may hold uncommitted changes)
+	XMXRev   string // -xmx-rev: build ./cmd/xmx of this commit
 	// UMEMGather, when set, is passed to the *-umem rows as
 	// "xmx stream -umem-gather MODE" (else xmx's default, auto).
 	UMEMGather string

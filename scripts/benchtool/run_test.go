@@ -274,6 +274,16 @@ func mustAbs(t *testing.T, p string) string {
 	return a
 }
 
+// An -xmx-rev that names no commit fails before anything is built, and says so.
+func TestXMXRevUnknown(t *testing.T) {
+	e := fakeEnv(t)
+	e.Repo, e.XMXRev = t.TempDir(), "no-such-rev"
+	_, err := xmxBinary(e, t.TempDir())()
+	if err == nil || !strings.Contains(err.Error(), "no-such-rev") {
+		t.Errorf("got %v", err)
+	}
+}
+
 func TestUMEMCopied(t *testing.T) {
 	for said, want := range map[string]bool{
 		"": false,

@@ -444,6 +444,7 @@ func lossPct(sent, recvd uint64) float64 {
 //   - else (no git) ./cmd/xmx of the working tree; and if that build
 //     fails too, a stale bin/xmx, with a warning.
 //
+// With e.XMXRev (-xmx-rev REV), ./cmd/xmx of that commit, or nothing.
 // e.XMXFrom says which (it goes into the rows' "version").
 func xmxBinary(e *Env, dir string) func() (string, error) {
 	var bin string
@@ -454,22 +455,35 @@ func xmxBinary(e *Env, dir string) func() (string, error) {
 			return bin, berr
 		}
 		done = true
-		p := filepath.Join(e.Repo, "bin", "xmx")
-		have := fileExists(p)
-		newer := ""
-		if have {
-			if newer = newestSource(e.Repo); newer == "" {
-				bin, e.XMXFrom = p, "bin/xmx"
-				return bin, nil
-			}
-		}
 		goBin := "go"
 		if p := "/usr/local/go/bin/go"; fileExists(p) {
 			goBin = p
 		}
 		out := filepath.Join(dir, "xmx")
+		if e.XMXRev != "" {
+			rev, err := exportRev(e, e.XMXRev, filepath.Join(dir, "rev"))
+			if err == nil {
+				fmt.Fprintf(e.Progress, "bench: building ./cmd/xmx of %s (-xmx-rev %s)\n", rev, e.XMXRev)
+				_, err = e.runLocal("go build", []string{goBin, "build", "-C", filepath.Join(dir, "rev"), "-o", out, "./cmd/xmx"}, 5*time.Minute)
+			}
+			if err != nil {
+				berr = err
+				return "", err
+			}
+			bin, e.XMXFrom = out, "./cmd/xmx of "+rev+" (-xmx-rev), built for this run"
+			return bin, nil
+		}
+		p := filepath.Join(e.Repo, "bin", "xmx")
+		have := fileExists(p)
+		newer := ""
+		if have {
+			if newer = newestSource(e.Repo); newer == "" {
+				bin, e.XMXFrom, e.XMXTree = p, "bin/xmx", true
+				return bin, nil
+			}
+		}
 		var errs []error
-		if head, err := exportHead(e, filepath.Join(dir, "head")); err == nil {
+		if head, err := exportRev(e, "HEAD", filepath.Join(dir, "head")); err == nil {
 			if have {
 				fmt.Fprintf(e.Progress, "bench: bin/xmx is older than %s: measuring ./cmd/xmx of HEAD (%s), built for this run (\"make build\" first to measure the working tree)\n", newer, head)
 			} else {
@@ -485,7 +499,7 @@ func xmxBinary(e *Env, dir string) func() (string, error) {
 			errs = append(errs, err)
 			fmt.Fprintf(e.Progress, "bench: cannot export HEAD (%v): building ./cmd/xmx of the working tree\n", err)
 			if _, err := e.runLocal("go build", []string{goBin, "build", "-C", e.Repo, "-o", out, "./cmd/xmx"}, 5*time.Minute); err == nil {
-				bin, e.XMXFrom = out, "./cmd/xmx of the working tree, built for this run"
+				bin, e.XMXFrom, e.XMXTree = out, "./cmd/xmx of the working tree, built for this run", true
 				return bin, nil
 			} else {
 				errs = append(errs, err)
@@ -493,7 +507,7 @@ func xmxBinary(e *Env, dir string) func() (string, error) {
 		}
 		if have {
 			fmt.Fprintf(e.Progress, "bench: warning: could not build xmx (%v): measuring bin/xmx, which is older than %s\n", errors.Join(errs...), newer)
-			bin, e.XMXFrom = p, "bin/xmx, older than "+newer
+			bin, e.XMXFrom, e.XMXTree = p, "bin/xmx, older than "+newer, true
 			return bin, nil
 		}
 		berr = errors.Join(errs...)
@@ -501,12 +515,12 @@ func xmxBinary(e *Env, dir string) func() (string, error) {
 	}
 }
 
-// exportHead writes the repository's HEAD commit into dir (git archive) and
-// returns its short hash.
-func exportHead(e *Env, dir string) (string, error) {
-	out, err := exec.Command("git", "-C", e.Repo, "rev-parse", "--short", "HEAD").Output()
+// exportRev writes the tree of commit rev into dir (git archive) and
+// returns the commit's short hash.
+func exportRev(e *Env, rev, dir string) (string, error) {
+	out, err := exec.Command("git", "-C", e.Repo, "rev-parse", "--verify", "--short", rev+"^{commit}").Output()
 	if err != nil {
-		return "", fmt.Errorf("git rev-parse HEAD: %v", err)
+		return "", fmt.Errorf("git rev-parse %s: not a commit of %s (%v)", rev, e.Repo, err)
 	}
 	head := strings.TrimSpace(string(out))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
