@@ -169,7 +169,7 @@ func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostna
 		bgDone:      make(chan struct{}),
 		hostReplies: map[string][6]byte{},
 	}
-	g.maxPullFrames = maxPullFrames
+	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
 	// not of the wrapper that keeps the engine from closing it.
 	base := link
@@ -284,9 +284,9 @@ func (g *engine) flushAndUnlock() {
 		return
 	}
 	for {
-		g.txSending = append(g.txSending[:0], g.txq...)
-		clear(g.txq)
-		g.txq = g.txq[:0]
+		// Swap the queues' arrays rather than copy the entries: the
+		// emptied txSending (cleared after its last flush) becomes txq.
+		g.txSending, g.txq = g.txq, g.txSending[:0]
 		g.mu.Unlock()
 
 		// A failed send is like a lost frame: reliable frames are
@@ -645,6 +645,16 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			return err
 		}
 	}
+}
+
+// pullBudget is the most frames all pulls of an engine may have asked
+// for and not received: maxPullFrames receive descriptors' worth, a frame
+// taking several when it spans UMEM frames (multi-buffer, e.g. three of
+// 4096 bytes at MTU 9000).
+func pullBudget(mtu int) int {
+	const rxRoom = 4096 - 256 // a default UMEM frame after XDP headroom
+	descs := (mtu + xdp.EthHeaderLen + rxRoom - 1) / rxRoom
+	return max(maxPullFrames/descs, 2*pullBlockFrames)
 }
 
 // maxPullFrames bounds the frames all pulls of an engine have asked for

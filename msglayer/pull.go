@@ -21,6 +21,7 @@ type pull struct {
 	got          uint32 // bytes received
 	lastProgress int64
 	blocks       []pullBlock
+	hint         int  // the block the last reply belonged to: most replies follow it
 	starved      bool // waits for the engine's pull budget
 }
 
@@ -235,11 +236,13 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		e.stats.PullRepliesLate++ // the pull ended: a re-request was not needed
 		return
 	}
-	for i := range pl.blocks {
+	for k := range pl.blocks {
+		i := (pl.hint + k) % len(pl.blocks)
 		b := &pl.blocks[i]
 		if !b.active || ph.offset < b.offset || ph.offset >= b.offset+b.length {
 			continue
 		}
+		pl.hint = i
 		rel := ph.offset - b.offset
 		if rel%pl.frameBytes != 0 {
 			return
