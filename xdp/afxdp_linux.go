@@ -92,10 +92,12 @@ type GatherMode int
 const (
 	// GatherAuto: as TX descriptors of their own when the socket is bound
 	// in zero-copy and multi-buffer mode (the NIC reads the buffer, the
-	// CPU copies nothing); copied behind the head otherwise. In copy mode
-	// the kernel copies every descriptor into a socket buffer anyway, and
-	// one descriptor per frame is the cheaper way there (a page is
-	// allocated per extra descriptor).
+	// CPU copies nothing), or when frames span several UMEM frames anyway
+	// (jumbo MTUs: the tail's descriptors replace the slot's, and our copy
+	// is saved); copied behind the head otherwise. In copy mode with
+	// frames that fit one UMEM frame, one descriptor per frame is the
+	// cheaper way: the kernel copies every descriptor into a socket buffer
+	// anyway, and allocates a page per extra one.
 	GatherAuto GatherMode = iota
 	// GatherDescriptors: always as descriptors of their own (the socket is
 	// bound in multi-buffer mode, as with MultiBuffer).
@@ -375,7 +377,8 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if l.sg {
 		l.rxScratch = make([]byte, 0, l.maxFrame)
 	}
-	l.gatherDsc = l.sg && (cfg.Gather == GatherDescriptors || cfg.Gather == GatherAuto && l.zeroCopy)
+	l.gatherDsc = l.sg && (cfg.Gather == GatherDescriptors ||
+		cfg.Gather == GatherAuto && (l.zeroCopy || l.maxFrame > int(l.frameSize)))
 
 	l.efd, err = newEventFd()
 	if err != nil {
