@@ -31,17 +31,34 @@ type pullBlock struct {
 	offset, length uint32
 	want           uint32 // frames still missing
 	sentAt         int64  // last (re-)request
-	lastRx         int64  // last reply that brought a missing frame
 	retries        int
 }
 
-// due is when the block is re-requested: no frame of it for the peer's
-// pull timeout (backed off per re-request), counted from the request or
-// from the last frame that came, whichever is later. A block waiting
-// behind others at a busy sender still makes progress, so it is not
-// asked for again while its frames trickle in.
-func (b *pullBlock) due(p *peer, maxRTO int64) int64 {
-	return max(b.sentAt, b.lastRx) + min(p.pullTimeout()<<min(b.retries, 10), maxRTO)
+// due is when the block is re-requested by its timer: when the pull has
+// gone without any frame for the peer's pull timeout (backed off per
+// re-request), counted from the block's request or from the pull's last
+// frame, whichever is later. While frames of the pull flow, the sender is
+// working through the requests in order, and a block waiting behind
+// others is not asked for again; a block whose frames were lost is found
+// sooner, when a block requested after it completes (onPullReply).
+func (b *pullBlock) due(pl *pull, maxRTO int64) int64 {
+	return max(b.sentAt, pl.lastProgress) + min(pl.peer.pullTimeout()<<min(b.retries, 10), maxRTO)
+}
+
+// reRequestOvertaken asks again for the missing frames of the blocks
+// requested before done, which just completed: the sender answers a
+// peer's requests in order, so their frames were lost.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) reRequestOvertaken(pl *pull, done *pullBlock, now int64) {
+	for i := range pl.blocks {
+		b := &pl.blocks[i]
+		if b.active && b != done && b.sentAt < done.sentAt && b.want != 0 {
+			b.retries++
+			e.stats.PullReRequests++
+			e.sendPullReq(pl, b, now)
+		}
+	}
 }
 
 // startPull begins pulling total bytes of rendezvous rndvID from p into r.
@@ -97,7 +114,6 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		b.frames = frames
 		b.want = uint32(uint64(1)<<frames - 1)
 		b.retries = 0
-		b.lastRx = 0
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
 	}
@@ -269,13 +285,13 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			copyToSegs(pl.r.segs, int(ph.offset), payload[:n])
 		}
 		b.want &^= bit
-		b.lastRx = now
 		pl.got += n
 		pl.lastProgress = now
 		if b.want == 0 {
 			if b.retries == 0 {
 				p.pullSample(now - b.sentAt)
 			}
+			e.reRequestOvertaken(pl, b, now)
 			e.blockDone(b, now)
 			e.requestBlocks(pl, now)
 		}
@@ -306,12 +322,12 @@ func (e *Endpoint) pullTimers(id uint32, pl *pull, now int64) int64 {
 		if !b.active {
 			continue
 		}
-		if now >= b.due(pl.peer, maxRTO) {
+		if now >= b.due(pl, maxRTO) {
 			b.retries++
 			e.stats.PullReRequests++
 			e.sendPullReq(pl, b, now)
 		}
-		if t := b.due(pl.peer, maxRTO); next == 0 || t < next {
+		if t := b.due(pl, maxRTO); next == 0 || t < next {
 			next = t
 		}
 	}
