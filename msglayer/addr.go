@@ -46,6 +46,19 @@ func (a Addr) String() string {
 	return fmt.Sprintf("%s:%d", net.HardwareAddr(a.MAC[:]), a.EP)
 }
 
+// MarshalText renders the address as String does (JSON, flags).
+func (a Addr) MarshalText() ([]byte, error) { return []byte(a.String()), nil }
+
+// UnmarshalText parses what MarshalText wrote.
+func (a *Addr) UnmarshalText(b []byte) error {
+	x, err := ParseAddr(string(b))
+	if err != nil {
+		return err
+	}
+	*a = x
+	return nil
+}
+
 // Clock reads monotonic time in nanoseconds. The engine reads time only
 // through it, so tests can drive timers by hand.
 type Clock interface {

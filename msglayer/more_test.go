@@ -439,3 +439,34 @@ func TestContextIDs(t *testing.T) {
 		t.Fatalf("context B receive = %#x, %v", st.Match, err)
 	}
 }
+
+// TestPeersAndAddrText checks Endpoint.Peers and the text form of Addr.
+func TestPeersAndAddrText(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 10*time.Second)
+	s, _ := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 100)}, nil)
+	r, _ := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 100)}, nil)
+	if _, err := b.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	ps := a.Peers()
+	if len(ps) != 1 || ps[0].Addr != b.Addr() || !ps[0].Connected || ps[0].Dead || ps[0].MTU != 1500 ||
+		ps[0].Window != 256 || ps[0].InFlight != 0 || ps[0].RTO <= 0 {
+		t.Fatalf("Peers() = %+v", ps)
+	}
+	txt, err := b.Addr().MarshalText()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back msglayer.Addr
+	if err := back.UnmarshalText(txt); err != nil || back != b.Addr() || string(txt) != b.Addr().String() {
+		t.Fatalf("Addr text %q → %v, %v", txt, back, err)
+	}
+	if err := back.UnmarshalText([]byte("nonsense")); err == nil {
+		t.Fatal("UnmarshalText accepted nonsense")
+	}
+}

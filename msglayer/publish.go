@@ -66,19 +66,20 @@ type ProcessCounters struct {
 
 // EndpointCounters describes one open endpoint and its counters.
 type EndpointCounters struct {
-	Interface string    `json:"interface"`       // "" for a link given to Open
-	Netns     string    `json:"netns,omitempty"` // network namespace of the opener, "net:[4026531840]"
-	Hostname  string    `json:"hostname"`        // the name the endpoint answers host queries for
-	EP        int       `json:"ep"`              // endpoint id
-	Addr      string    `json:"addr"`            // Addr.String(): MAC:ep
-	LinkKind  string    `json:"link_kind"`       // "afxdp", "afpacket", "mem"
-	LinkMode  string    `json:"link_mode"`       // xdp.Info.Mode: "copy drv poll"...
-	LinkQueue int       `json:"link_queue"`      // receive queue, -1 when not applicable
-	LinkWhy   string    `json:"link_why"`        // why this link kind was chosen
-	BusyPoll  bool      `json:"busy_poll"`       // waits spin instead of sleeping
-	Peers     int       `json:"peers"`           // peers known to the endpoint
-	Counters  Counters  `json:"counters"`
-	LinkStats xdp.Stats `json:"link_stats"` // shared by the endpoints of one link
+	Interface string     `json:"interface"`       // "" for a link given to Open
+	Netns     string     `json:"netns,omitempty"` // network namespace of the opener, "net:[4026531840]"
+	Hostname  string     `json:"hostname"`        // the name the endpoint answers host queries for
+	EP        int        `json:"ep"`              // endpoint id
+	Addr      string     `json:"addr"`            // Addr.String(): MAC:ep
+	LinkKind  string     `json:"link_kind"`       // "afxdp", "afpacket", "mem"
+	LinkMode  string     `json:"link_mode"`       // xdp.Info.Mode: "copy drv poll"...
+	LinkQueue int        `json:"link_queue"`      // receive queue, -1 when not applicable
+	LinkWhy   string     `json:"link_why"`        // why this link kind was chosen
+	BusyPoll  bool       `json:"busy_poll"`       // waits spin instead of sleeping
+	Peers     int        `json:"peers"`           // peers known to the endpoint
+	PeerList  []PeerInfo `json:"peer_list"`       // their channels
+	Counters  Counters   `json:"counters"`
+	LinkStats xdp.Stats  `json:"link_stats"` // shared by the endpoints of one link
 }
 
 // pubEntry is a published endpoint.
@@ -205,9 +206,7 @@ func publishedSnapshot() ProcessCounters {
 		if ifname == "" {
 			ifname = e.cfg.Interface
 		}
-		e.eng.mu.Lock()
-		peers := len(e.peers)
-		e.eng.mu.Unlock()
+		peers := e.Peers()
 		doc.Endpoints = append(doc.Endpoints, EndpointCounters{
 			Interface: ifname,
 			Netns:     p.netns,
@@ -219,7 +218,8 @@ func publishedSnapshot() ProcessCounters {
 			LinkQueue: info.Queue,
 			LinkWhy:   why,
 			BusyPoll:  e.cfg.BusyPoll,
-			Peers:     peers,
+			Peers:     len(peers),
+			PeerList:  peers,
 			Counters:  e.Counters(),
 			LinkStats: e.LinkStats(),
 		})

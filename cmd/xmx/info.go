@@ -96,6 +96,7 @@ Needs no root (program names are shown only to root).
 	asJSON := fs.Bool("json", false, "print one JSON document")
 	countersOnly := fs.Bool("counters-only", false, "only the endpoints' counters, no interface information")
 	all := fs.Bool("all", false, "print every counter, zero ones included")
+	peers := fs.Bool("peers", false, "list each endpoint's peers: state, MTU, round trip, frames in flight, rendezvous and pulls")
 	runDir := fs.String("run-dir", "", "directory of the counter sockets (default $XMX_RUN_DIR, else /run/xmx)")
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
@@ -179,7 +180,7 @@ Needs no root (program names are shown only to root).
 		}
 		fmt.Fprintln(stdout)
 	}
-	printEndpoints(stdout, &doc, *all)
+	printEndpoints(stdout, &doc, *all, *peers)
 	return nil
 }
 
@@ -285,7 +286,7 @@ func printIface(w io.Writer, ii xdp.IfaceInfo) {
 	tw.Flush()
 }
 
-func printEndpoints(w io.Writer, doc *infoDoc, all bool) {
+func printEndpoints(w io.Writer, doc *infoDoc, all, peers bool) {
 	n := 0
 	for _, p := range doc.Processes {
 		n += len(p.Endpoints)
@@ -302,6 +303,9 @@ func printEndpoints(w io.Writer, doc *infoDoc, all bool) {
 			fmt.Fprintf(w, "  endpoint %s (ep %d, host %s) on %s: %s %s, %s\n", e.Addr, e.EP, orDash(e.Hostname),
 				where, e.LinkKind, e.LinkMode, plural(e.Peers, "peer"))
 			fmt.Fprintf(w, "    link chosen: %s\n", e.LinkWhy)
+			if peers {
+				printPeers(w, "    ", e.PeerList)
+			}
 			printCounters(w, "    ", e.Counters, all)
 			key := e.Interface + "@" + e.Netns
 			if !shown[key] {
@@ -311,6 +315,33 @@ func printEndpoints(w io.Writer, doc *infoDoc, all bool) {
 			}
 		}
 	}
+}
+
+// printPeers prints one line per peer.
+func printPeers(w io.Writer, indent string, ps []msglayer.PeerInfo) {
+	if len(ps) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "%speer\tstate\tmtu\tsrtt µs\trto ms\tin flight\tooo\trndvs\tpulls\tretrans\theard ms ago\n", indent)
+	for _, p := range ps {
+		state := "connecting"
+		switch {
+		case p.Dead:
+			state = "dead"
+		case p.Local && p.Connected:
+			state = "local"
+		case p.Connected:
+			state = "connected"
+		}
+		if p.Queued {
+			state += ",queued"
+		}
+		fmt.Fprintf(tw, "%s%s\t%s\t%d\t%.1f\t%.1f\t%d/%d\t%d\t%d\t%d\t%d\t%.1f\n", indent, p.Addr, state, p.MTU,
+			float64(p.SRTT)/1e3, float64(p.RTO)/1e6, p.InFlight, p.Window, p.OutOfOrd, p.Rndvs, p.Pulls, p.Retrans,
+			float64(p.LastHeard)/1e6)
+	}
+	tw.Flush()
 }
 
 // plural renders "1 peer", "2 peers", "0 processes".

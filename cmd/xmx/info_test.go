@@ -129,6 +129,26 @@ func TestInfoLocal(t *testing.T) {
 	if text := out.String(); !strings.Contains(text, "RegionRefused") || strings.Contains(text, "xdp native") {
 		t.Errorf("xmx info -all -counters-only:\n%s", text)
 	}
+
+	// Peers: in the JSON document always, in the text with -peers.
+	for _, e := range doc.Processes[0].Endpoints {
+		if len(e.PeerList) != 1 || e.PeerList[0].MTU != 1500 || e.PeerList[0].Window == 0 {
+			t.Errorf("endpoint %s peers %+v", e.Addr, e.PeerList)
+		}
+	}
+	if pl := doc.Processes[0].Endpoints[0].PeerList; len(pl) == 1 {
+		want := map[string]msglayer.Addr{a.Addr().String(): b.Addr(), b.Addr().String(): a.Addr()}[doc.Processes[0].Endpoints[0].Addr]
+		if pl[0].Addr != want || !pl[0].Connected {
+			t.Errorf("peer %+v, want %v connected", pl[0], want)
+		}
+	}
+	out.Reset()
+	if err := info(&out, &errb, []string{"-run-dir", dir, "-counters-only", "-peers"}); err != nil {
+		t.Fatal(err)
+	}
+	if text := out.String(); !strings.Contains(text, "srtt µs") || !strings.Contains(text, b.Addr().String()+"  connected") {
+		t.Errorf("xmx info -peers:\n%s", text)
+	}
 }
 
 // TestInfoEndToEnd runs xmx info in a lab host while a pingpong server runs
