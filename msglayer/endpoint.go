@@ -37,6 +37,12 @@ type Config struct {
 	// BusyPoll makes waits spin on the link (lowest latency, one CPU
 	// busy); otherwise waits sleep in the kernel.
 	BusyPoll bool
+	// SpinBeforeSleep, in blocking mode, makes a wait poll the link this
+	// long before it sleeps in the kernel (default 0: at once). An answer
+	// that comes within it is seen without a kernel wake-up; an idle
+	// endpoint still burns no CPU beyond it. The first endpoint of a
+	// process on an interface decides for all.
+	SpinBeforeSleep time.Duration
 
 	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
 	UnexpectedBytes     int // bound on unexpected eager data held (default 8 MiB)
@@ -159,6 +165,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ContextIDBits > 8 || c.ContextIDBits > 0 && c.ContextIDShift+c.ContextIDBits > 64 {
 		return &ArgError{Arg: "ContextIDBits", Err: fmt.Errorf("%d bits at bit %d: want 0..8 bits within the 64-bit match info", c.ContextIDBits, c.ContextIDShift)}
+	}
+	if c.SpinBeforeSleep < 0 || c.SpinBeforeSleep > time.Second {
+		return &ArgError{Arg: "SpinBeforeSleep", Err: fmt.Errorf("%v: want 0..1s", c.SpinBeforeSleep)}
 	}
 	if c.PullBlocks > 64 {
 		return &ArgError{Arg: "PullBlocks", Err: fmt.Errorf("%d: want 1..64", c.PullBlocks)}
@@ -329,6 +338,7 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 	// A link given by the caller lends what it has; one we open, what
 	// we asked for.
 	g.lendsBuffers = g.gather != nil && (cfg.Link != nil || cfg.UMEMBufferBytes > 0)
+	g.spinFirst = cfg.SpinBeforeSleep
 	g.key = key
 	g.refs = 1
 	engines[key] = g

@@ -40,8 +40,12 @@ type engine struct {
 	mtu          int
 	ethType      uint16
 	busyPoll     bool
-	clock        Clock
-	hostname     string
+	// spinFirst: in blocking mode, a wait polls this long before it
+	// sleeps in the kernel (0: it sleeps at once). Set before the engine
+	// is shared.
+	spinFirst time.Duration
+	clock     Clock
+	hostname  string
 
 	// drive is the drive token: a goroutine that sends into it drives
 	// the link until it receives back.
@@ -609,6 +613,13 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		stop := context.AfterFunc(ctx, g.waker.Wake)
 		defer stop()
 	}
+	// In blocking mode, poll for spinFirst before sleeping: an answer
+	// that comes within it costs no kernel wake-up (microseconds on a
+	// VM whose other vCPU must be woken by an interrupt).
+	var spinUntil int64
+	if !g.busyPoll && g.spinFirst > 0 {
+		spinUntil = g.clock.Now() + int64(g.spinFirst)
+	}
 	for spins := 0; ; spins++ {
 		if done() {
 			return nil
@@ -619,13 +630,17 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		// A busy-polling driver turns millions of times a second: look at
 		// the context now and then. A sleeping one turns at most once per
 		// wake-up: look every time, or a cancel waits for many sleeps.
-		if !g.busyPoll || spins&63 == 63 {
+		polling := g.busyPoll || spinUntil != 0
+		if !polling || spins&63 == 63 {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
 		}
+		if spinUntil != 0 && spins&63 == 63 && g.clock.Now() >= spinUntil {
+			spinUntil, polling = 0, false
+		}
 		var timeout time.Duration
-		if !g.busyPoll {
+		if !polling {
 			timeout = g.prepareSleep(100 * time.Millisecond)
 			if hasDeadline {
 				timeout = min(timeout, time.Until(deadline))

@@ -470,3 +470,37 @@ func TestPeersAndAddrText(t *testing.T) {
 		t.Fatal("UnmarshalText accepted nonsense")
 	}
 }
+
+// TestSpinBeforeSleep checks blocking mode with a poll before sleeping:
+// messages flow, a wait still sleeps (and is cancelled) past the spin, and
+// a bad duration names itself.
+func TestSpinBeforeSleep(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	cfg := msglayer.Config{SpinBeforeSleep: 50 * time.Microsecond}
+	a, b := w.pair(t, cfg, cfg)
+	ctx := ctxFor(t, 10*time.Second)
+	buf := make([]byte, 64)
+	for i := 0; i < 200; i++ {
+		r, _ := b.Irecv(0, 0, [][]byte{buf}, nil)
+		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, 64)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, err := b.Wait(ctx, r); err != nil || st.Match != uint64(i) {
+			t.Fatalf("message %d: %v, %v", i, st.Match, err)
+		}
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, _ := b.Irecv(0, 0, [][]byte{buf}, nil)
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if _, err := b.Wait(short, r); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait for nothing = %v, want the deadline", err)
+	}
+	var ae *msglayer.ArgError
+	if _, err := msglayer.Open(msglayer.Config{Link: xdp.NewHub(xdp.MemConfig{}).Attach(), SpinBeforeSleep: -1}); !errors.As(err, &ae) || ae.Arg != "SpinBeforeSleep" {
+		t.Fatalf("negative SpinBeforeSleep: %v", err)
+	}
+}

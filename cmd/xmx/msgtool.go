@@ -43,6 +43,7 @@ type endpointFlags struct {
 	ep       uint
 	key      uint
 	busy     bool
+	spin     time.Duration
 	peerEP   uint
 	peerKey  uint
 	timeout  time.Duration
@@ -60,6 +61,7 @@ func (f *endpointFlags) register(fs *flag.FlagSet, defaultEP uint) {
 	fs.UintVar(&f.ep, "e", defaultEP, "local endpoint id (0-255)")
 	fs.UintVar(&f.key, "key", 0x786d78, "endpoint key peers must present")
 	fs.BoolVar(&f.busy, "busy", false, "busy-poll (lowest latency, one CPU busy) instead of sleeping in the kernel")
+	fs.DurationVar(&f.spin, "spin", 0, "without -busy: poll this long (e.g. 50us) before sleeping in the kernel")
 	fs.UintVar(&f.peerEP, "peer-ep", 0, "peer endpoint id when PEER names a host")
 	fs.UintVar(&f.peerKey, "peer-key", 0x786d78, "key to present to the peer")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the peer to answer")
@@ -67,6 +69,9 @@ func (f *endpointFlags) register(fs *flag.FlagSet, defaultEP uint) {
 }
 
 func (f *endpointFlags) validate() error {
+	if f.spin < 0 || f.spin > time.Second {
+		return fmt.Errorf("%w: -spin %v: want 0..1s", errUsage, f.spin)
+	}
 	if f.ep > 255 {
 		return fmt.Errorf("%w: -e %d: endpoint ids are 0-255", errUsage, f.ep)
 	}
@@ -135,12 +140,13 @@ func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
 		return nil, fmt.Errorf("-i %s: no such interface (see ip link)", f.iface)
 	}
 	e, err := msglayer.Open(msglayer.Config{
-		Interface:  f.iface,
-		LinkKind:   f.link,
-		EndpointID: uint8(f.ep),
-		Key:        uint32(f.key),
-		BusyPoll:   f.busy,
-		Hostname:   f.hostname,
+		Interface:       f.iface,
+		LinkKind:        f.link,
+		EndpointID:      uint8(f.ep),
+		Key:             uint32(f.key),
+		BusyPoll:        f.busy,
+		SpinBeforeSleep: f.spin,
+		Hostname:        f.hostname,
 
 		UMEMBufferBytes: f.umemBytes,
 		UMEMGather:      f.umemGather,

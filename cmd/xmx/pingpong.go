@@ -90,8 +90,11 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 
 	info, _ := e.LinkInfo()
 	mode := "blocking"
-	if ef.busy {
+	switch {
+	case ef.busy:
 		mode = "busy-poll"
+	case ef.spin > 0:
+		mode = fmt.Sprintf("blocking after %v of polling", ef.spin)
 	}
 	out := os.Stdout
 	if !*asJSON {
