@@ -50,18 +50,18 @@ type peer struct {
 
 // txSlot holds one reliable frame until it is acknowledged.
 type txSlot struct {
-	buf       []byte
-	n         int
-	seq       uint32
-	used      bool
-	pending   int   // queued for or being handed to the link
-	sentAt    int64 // last transmission
+	buf       []byte // lent from the engine while the slot is in use
+	sentAt    int64  // last transmission
 	firstSent int64
-	retries   int
-	sacked    bool
 	req       *request // the message the frame belongs to
-	first     bool     // first frame of req
-	last      bool     // last frame of req
+	n         int32    // frame length
+	seq       uint32
+	pending   int32 // queued for or being handed to the link
+	retries   int32
+	used      bool
+	sacked    bool
+	first     bool // first frame of req
+	last      bool // last frame of req
 }
 
 // rxSlot holds a reliable frame received ahead of order.
@@ -84,7 +84,6 @@ type inMsg struct {
 func newPeer(e *Endpoint, a Addr) *peer {
 	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO)}
 	p.win = make([]txSlot, e.cfg.Window)
-	p.ooo = make([]rxSlot, e.cfg.Window)
 	return p
 }
 
@@ -266,7 +265,7 @@ func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, las
 	e := p.ep
 	h.seq = p.nextSeq
 	putHeader(s.buf, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
-	s.n = n
+	s.n = int32(n)
 	s.seq = p.nextSeq
 	s.used = true
 	s.sentAt, s.firstSent = now, now
@@ -319,7 +318,7 @@ func (p *peer) sendAck() {
 		if p.oooCount == 0 {
 			return 0
 		}
-		w := uint32(len(p.ooo))
+		w := uint32(p.ep.cfg.Window)
 		nbits := min(int(w)-1, sackBytes*8)
 		n := 0
 		for i := 0; i < nbits; i++ {

@@ -157,7 +157,7 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
-	w := uint32(len(p.ooo))
+	w := uint32(e.cfg.Window)
 	d := h.seq - p.expected
 	switch {
 	case int32(d) < 0:
@@ -168,6 +168,11 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		e.stats.BeyondWindow++
 		return
 	case d > 0:
+		if p.ooo == nil {
+			// Most peers never see a frame out of order: the slots come
+			// with the first one.
+			p.ooo = make([]rxSlot, w)
+		}
 		s := &p.ooo[h.seq%w]
 		if s.full {
 			e.stats.Duplicates++
@@ -593,7 +598,7 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 			rh.put(s.buf[hdrLen:])
 		}
 		putHeader(s.buf, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
-		s.n = frameLen(h.typ, 0)
+		s.n = int32(frameLen(h.typ, 0))
 		s.last = seq == first
 	}
 	p.retransmit(&p.win[first%w], now)
