@@ -331,10 +331,9 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	if r == nil {
 		return Status{}, ErrStaleRequest
 	}
-	// Completion signals r.wake only while someone may sleep on it.
-	r.waiters.Add(1)
-	err := e.eng.waitFor(ctx, r.doneFlag.Load, r.wake)
-	r.waiters.Add(-1)
+	// Completion signals r.wake only while someone may sleep on it (the
+	// goroutine driving the link sees the completion by itself).
+	err := e.eng.waitForSleeping(ctx, r.doneFlag.Load, r.wake, &r.waiters)
 	if err != nil {
 		return Status{}, err
 	}
@@ -360,18 +359,31 @@ func (e *Endpoint) TestAny(info, mask uint64) (Status, bool) {
 	return Status{}, false
 }
 
+// testHookWaitAny, when set by a test, runs in WaitAny between its look at
+// the done queue and its wait.
+var testHookWaitAny func()
+
 // WaitAny waits for a request (not in a group) whose match info fits
 // (info, mask) to complete, and completes it.
 func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, error) {
 	g := e.eng
 	for {
-		if st, ok := e.TestAny(info, mask); ok {
+		// Look, register as a waiter and note the completion count under
+		// one hold of the lock (completions happen under it): a completion
+		// right after the look would otherwise be counted in seen and
+		// signal nobody, and the wait would miss it.
+		g.mu.Lock()
+		if r := e.done.find(info, mask); r != nil {
+			st := e.collect(r)
+			g.mu.Unlock()
 			return st, st.Err()
 		}
-		g.mu.Lock()
 		e.anyWaiters++
-		g.mu.Unlock()
 		seen := g.completion.Load()
+		g.mu.Unlock()
+		if testHookWaitAny != nil {
+			testHookWaitAny()
+		}
 		err := g.waitFor(ctx, func() bool {
 			if c := g.completion.Load(); c != seen {
 				seen = c
@@ -384,13 +396,7 @@ func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, erro
 		}, e.anyWake)
 		g.mu.Lock()
 		e.anyWaiters--
-		if e.anyWaiters > 0 {
-			// Several waiters share one wake-up: pass it on.
-			select {
-			case e.anyWake <- struct{}{}:
-			default:
-			}
-		}
+		e.passAnyWake()
 		g.mu.Unlock()
 		if err != nil {
 			return Status{}, err
@@ -413,18 +419,21 @@ func (e *Endpoint) IPeek() (Request, bool) {
 // Peek waits until a request (not in a group) completes and returns it
 // without completing it.
 func (e *Endpoint) Peek(ctx context.Context) (Request, error) {
+	g := e.eng
 	for {
-		if h, ok := e.IPeek(); ok {
-			return h, nil
-		}
-		g := e.eng
-		seen := g.completion.Load()
+		// As in WaitAny: look and note the count under one hold of the lock.
 		g.mu.Lock()
+		if r := e.done.head; r != nil {
+			g.mu.Unlock()
+			return Request{r, r.gen}, nil
+		}
 		e.anyWaiters++
+		seen := g.completion.Load()
 		g.mu.Unlock()
 		err := g.waitFor(ctx, func() bool { return g.completion.Load() != seen }, e.anyWake)
 		g.mu.Lock()
 		e.anyWaiters--
+		e.passAnyWake()
 		g.mu.Unlock()
 		if err != nil {
 			return Request{}, err
@@ -451,6 +460,11 @@ func (e *Endpoint) Probe(ctx context.Context, info, mask uint64) (Status, error)
 	var st Status
 	var ok bool
 	seen := ^uint64(0)
+	// Registered as an any-waiter, so that an unexpected arrival wakes
+	// this goroutine even while another one drives the link.
+	g.mu.Lock()
+	e.anyWaiters++
+	g.mu.Unlock()
 	err := g.waitFor(ctx, func() bool {
 		// Unexpected arrivals count as completions for waking purposes.
 		if c := g.completion.Load(); c != seen {
@@ -458,7 +472,11 @@ func (e *Endpoint) Probe(ctx context.Context, info, mask uint64) (Status, error)
 			st, ok = e.Iprobe(info, mask)
 		}
 		return ok
-	}, nil)
+	}, e.anyWake)
+	g.mu.Lock()
+	e.anyWaiters--
+	e.passAnyWake()
+	g.mu.Unlock()
 	return st, err
 }
 

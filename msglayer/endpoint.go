@@ -523,12 +523,7 @@ func (e *Endpoint) complete(r *request, code Code) {
 		}
 	} else {
 		e.done.push(r)
-		if e.anyWaiters > 0 {
-			select {
-			case e.anyWake <- struct{}{}:
-			default:
-			}
-		}
+		e.passAnyWake()
 	}
 	if r.waiters.Load() > 0 {
 		select {
@@ -540,6 +535,20 @@ func (e *Endpoint) complete(r *request, code Code) {
 	// queued message, a same-process send, a cancel) must wake a driver
 	// asleep in the kernel: it may be the goroutine waiting for it.
 	e.eng.signal()
+}
+
+// passAnyWake signals anyWake if a goroutine waits on it (WaitAny, Peek,
+// Probe). Its waiters share the one wake-up: each that leaves passes it
+// on to the others.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) passAnyWake() {
+	if e.anyWaiters > 0 {
+		select {
+		case e.anyWake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // arm makes sure the endpoint's timers run at t or earlier for p.

@@ -564,6 +564,15 @@ func (g *engine) signal() {
 // else does. done is called without the engine lock; wake is signalled by
 // whoever makes done true. A zero deadline waits without bound.
 func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan struct{}) error {
+	return g.waitForSleeping(ctx, done, wake, nil)
+}
+
+// waitForSleeping is waitFor that counts itself in sleepers (when not nil)
+// while it may sleep on wake: a completion needs to signal wake only then.
+// The count goes up before done is looked at again, and a completion
+// marks itself done before it reads the count, so one of the two sees the
+// other.
+func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-chan struct{}, sleepers *atomic.Int32) error {
 	if done() {
 		return nil
 	}
@@ -583,20 +592,36 @@ func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan stru
 			return err
 		default:
 		}
+		if sleepers != nil {
+			sleepers.Add(1)
+			if done() {
+				sleepers.Add(-1)
+				return nil
+			}
+		}
+		var err error
+		drove, finished := false, false
 		select {
 		case g.drive <- struct{}{}:
+			drove = true
+		case <-wake:
+			finished = done()
+		case <-ctx.Done():
+			finished = true
+			if !done() {
+				err = ctx.Err()
+			}
+		}
+		if sleepers != nil {
+			sleepers.Add(-1)
+		}
+		if drove {
 			err := g.driveUntil(ctx, done)
 			<-g.drive
 			return err
-		case <-wake:
-			if done() {
-				return nil
-			}
-		case <-ctx.Done():
-			if done() {
-				return nil
-			}
-			return ctx.Err()
+		}
+		if finished {
+			return err
 		}
 		if g.closed.Load() {
 			return ErrClosed

@@ -39,3 +39,7 @@ func EagerFrame(f []byte) (seq uint32, match uint64, offset, n, msgLen uint32, o
 	}
 	return h.seq, eh.match, eh.offset, uint32(len(payload)), eh.msgLen, true
 }
+
+// SetWaitAnyHook runs f in WaitAny between its look at the done queue and
+// its wait (nil: nothing).
+func SetWaitAnyHook(f func()) { testHookWaitAny = f }

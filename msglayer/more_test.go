@@ -504,3 +504,86 @@ func TestSpinBeforeSleep(t *testing.T) {
 		t.Fatalf("negative SpinBeforeSleep: %v", err)
 	}
 }
+
+// TestWaitAnyNoLostWakeup: a completion that lands between WaitAny's look
+// at the done queue and its wait must end the wait. It used to be counted
+// in the completions WaitAny had seen and signal nobody; with the
+// dispatcher pattern (one goroutine in WaitAny, another posting receives
+// that complete at once) both goroutines then waited for each other
+// (BenchmarkNotify/dispatcher-goroutine hung).
+func TestWaitAnyNoLostWakeup(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	tx, rx := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 10*time.Second)
+	s, _ := tx.Isend(rx.Addr(), 5, [][]byte{make([]byte, 8)}, nil)
+	if _, err := tx.Wait(ctx, s); err != nil { // arrived: queued as unexpected
+		t.Fatal(err)
+	}
+	buf := [][]byte{make([]byte, 8)}
+	msglayer.SetWaitAnyHook(func() {
+		msglayer.SetWaitAnyHook(nil)
+		rx.Irecv(5, ^uint64(0), buf, nil) // completes at once, from another goroutine
+	})
+	defer msglayer.SetWaitAnyHook(nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := rx.WaitAny(context.Background(), 0, 0)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-ctx.Done():
+		t.Fatal("WaitAny missed a completion that came right after it looked")
+	}
+}
+
+// TestWaitAnyDispatcher runs the dispatcher pattern at length: one
+// goroutine in WaitAny, another posting receives that complete at once.
+func TestWaitAnyDispatcher(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{QueueLen: 1 << 16})
+	tx, rx := w.pair(t, msglayer.Config{}, msglayer.Config{UnexpectedBytes: 1 << 30})
+	ctx := ctxFor(t, 30*time.Second)
+	const n, depth = 200000, 32
+	msg := [][]byte{make([]byte, 8)}
+	grp := tx.NewGroup()
+	for i := 0; i < n+depth; i++ {
+		if _, err := grp.Isend(rx.Addr(), 0, msg, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 0; i < n+depth; i++ {
+		if _, err := grp.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	buf := [][]byte{make([]byte, 8)}
+	for i := 0; i < depth; i++ {
+		rx.Irecv(0, 0, buf, nil)
+	}
+	ch := make(chan error, depth)
+	go func() {
+		for i := 0; i < n; i++ {
+			// No deadline: a context that can end takes another path
+			// through the wait.
+			_, err := rx.WaitAny(context.Background(), 0, 0)
+			ch <- err
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for i := 0; i < n; i++ {
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatalf("WaitAny %d of %d: %v", i, n, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("WaitAny %d of %d never returned: a lost wake-up leaves both goroutines waiting", i, n)
+		}
+		rx.Irecv(0, 0, buf, nil)
+	}
+}

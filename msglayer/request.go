@@ -29,7 +29,7 @@ type request struct {
 
 	doneFlag  atomic.Bool   // completed: status is final (set under the engine lock)
 	wake      chan struct{} // capacity 1: signalled at completion if waiters > 0
-	waiters   atomic.Int32  // goroutines in Wait on this request
+	waiters   atomic.Int32  // goroutines asleep in Wait on this request (not the one driving)
 	forgotten bool          // Forget: release at completion, report nothing
 	inDoneQ   bool
 	dprev     *request // done queue (the endpoint's or the group's)

@@ -393,6 +393,7 @@ func (e *Endpoint) addUnexp(u *unexp) {
 	e.stats.Unexpected++
 	e.match.pushUnexp(u)
 	e.eng.completion.Add(1) // wakes probes
+	e.passAnyWake()
 }
 
 // callHandler runs the unexpected-message handler without the engine
@@ -456,6 +457,7 @@ func (e *Endpoint) continueEager(p *peer, eh *eagerHdr, payload []byte) {
 		e.complete(r, Success)
 	} else if in.u != nil {
 		e.eng.completion.Add(1)
+		e.passAnyWake()
 	}
 	*in = inMsg{}
 }
