@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"testing"
@@ -585,5 +586,42 @@ func TestWaitAnyDispatcher(t *testing.T) {
 			t.Fatalf("WaitAny %d of %d never returned: a lost wake-up leaves both goroutines waiting", i, n)
 		}
 		rx.Irecv(0, 0, buf, nil)
+	}
+}
+
+// TestProbeWhileAnotherDrives: a Probe must learn of an unexpected arrival
+// while another goroutine holds the link (waiting on a receive that never
+// completes), not only when that goroutine lets go.
+func TestProbeWhileAnotherDrives(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 10*time.Second)
+	// Another goroutine drives b, waiting for a message that never comes.
+	never, _ := b.Irecv(99, ^uint64(0), nil, nil)
+	waitCtx, stopWait := context.WithCancel(ctx)
+	defer stopWait()
+	go b.Wait(waitCtx, never)
+	time.Sleep(20 * time.Millisecond) // let it take the link
+	probed := make(chan error, 1)
+	go func() {
+		st, err := b.Probe(ctx, 7, ^uint64(0))
+		if err == nil && st.Match != 7 {
+			err = fmt.Errorf("probed match %d", st.Match)
+		}
+		probed <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	s, err := a.Isend(b.Addr(), 7, [][]byte{make([]byte, 10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Forget(s)
+	select {
+	case err := <-probed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Probe did not see the message while another goroutine drove the link")
 	}
 }
