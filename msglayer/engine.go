@@ -633,11 +633,16 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 // caller holds the drive token.
 func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 	deadline, hasDeadline := ctx.Deadline()
-	if !g.busyPoll && ctx.Done() != nil && g.waker != nil {
-		// A cancel comes without a frame: let it wake the sleeping driver.
-		stop := context.AfterFunc(ctx, g.waker.Wake)
-		defer stop()
-	}
+	// A cancel comes without a frame: it must wake a driver asleep in the
+	// kernel. The hook is registered before the first sleep only (most
+	// waits end without one): a context that ended before that runs it
+	// at once, and the sleep that follows returns.
+	var stopHook func() bool
+	defer func() {
+		if stopHook != nil {
+			stopHook()
+		}
+	}()
 	// In blocking mode, poll for spinFirst before sleeping: an answer
 	// that comes within it costs no kernel wake-up (microseconds on a
 	// VM whose other vCPU must be woken by an interrupt).
@@ -666,6 +671,9 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		}
 		var timeout time.Duration
 		if !polling {
+			if stopHook == nil && ctx.Done() != nil && g.waker != nil {
+				stopHook = context.AfterFunc(ctx, g.waker.Wake)
+			}
 			timeout = g.prepareSleep(100 * time.Millisecond)
 			if hasDeadline {
 				timeout = min(timeout, time.Until(deadline))
