@@ -31,6 +31,7 @@ type pullBlock struct {
 	offset, length uint32
 	want           uint32 // frames still missing
 	sentAt         int64  // last (re-)request
+	firstSent      int64  // first request
 	retries        int
 }
 
@@ -109,6 +110,7 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		}
 		g.pullFrames += frames
 		b.active = true
+		b.firstSent = now
 		b.offset = pl.next
 		b.length = length
 		b.frames = frames
@@ -288,9 +290,12 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		pl.got += n
 		pl.lastProgress = now
 		if b.want == 0 {
-			if b.retries == 0 {
-				p.pullSample(now - b.sentAt)
-			}
+			// Timed from the first request even when the block was asked
+			// for again: at worst an overestimate. Most re-requests turn
+			// out needless (the first replies come: PullRepliesLate), and
+			// leaving their blocks out (Karn's rule) would keep the
+			// estimate low exactly when the sender is slow.
+			p.pullSample(now - b.firstSent)
 			e.reRequestOvertaken(pl, b, now)
 			e.blockDone(b, now)
 			e.requestBlocks(pl, now)
