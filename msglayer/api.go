@@ -215,12 +215,7 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 	default:
 		r.rndv = sync || n > e.cfg.RendezvousThreshold
 		if r.rndv {
-			if len(g.bufs) > 0 && len(segs) == 1 {
-				r.zbuf, r.zoff = g.spanOf(segs[0])
-			}
-			r.rndvID = e.newID()
-			e.rndvs[r.rndvID] = r
-			p.rndvs++
+			e.offerRndv(p, r)
 		}
 		if p.sendHead != nil || !e.frameMessage(p, r, now) {
 			p.pushSend(r)
@@ -228,6 +223,20 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 	}
 	g.flushAndUnlock()
 	return h, nil
+}
+
+// offerRndv makes r a rendezvous p may pull (a large or synchronous send,
+// or a Put): it gets an id, and its data is pulled from the lent buffer it
+// lies in, if any, without a copy.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) offerRndv(p *peer, r *request) {
+	if g := e.eng; len(g.bufs) > 0 && len(r.segs) == 1 {
+		r.zbuf, r.zoff = g.spanOf(r.segs[0])
+	}
+	r.rndvID = e.newID()
+	e.rndvs[r.rndvID] = r
+	p.rndvs++
 }
 
 // lockPeer takes the engine lock and returns the connected (or dead) peer

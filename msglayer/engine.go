@@ -324,15 +324,10 @@ func (g *engine) flushAndUnlock() {
 			e := &g.txSending[i]
 			switch {
 			case e.slot != nil:
-				s := e.slot
-				s.pending--
-				if s.pending == 0 {
+				e.slot.pending--
+				if e.slot.pending == 0 {
 					repump = true
-					if !s.used && s.buf != nil {
-						// Acked while being sent.
-						g.freeBuf(s.buf)
-						s.buf = nil
-					}
+					g.releaseSlot(e.slot) // if it was acked while being sent
 				}
 			case e.job.r != nil:
 				g.unpin(e.job.r) // e.buf, if set, is one of txScratch
@@ -585,35 +580,33 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 		}
 		// The token is usually free: take it without the cost of a
 		// three-way select.
-		select {
-		case g.drive <- struct{}{}:
-			err := g.driveUntil(ctx, done)
-			<-g.drive
-			return err
-		default:
-		}
-		if sleepers != nil {
-			sleepers.Add(1)
-			if done() {
-				sleepers.Add(-1)
-				return nil
-			}
-		}
 		var err error
 		drove, finished := false, false
 		select {
 		case g.drive <- struct{}{}:
 			drove = true
-		case <-wake:
-			finished = done()
-		case <-ctx.Done():
-			finished = true
-			if !done() {
-				err = ctx.Err()
+		default:
+			if sleepers != nil {
+				sleepers.Add(1)
+				if done() {
+					sleepers.Add(-1)
+					return nil
+				}
 			}
-		}
-		if sleepers != nil {
-			sleepers.Add(-1)
+			select {
+			case g.drive <- struct{}{}:
+				drove = true
+			case <-wake:
+				finished = done()
+			case <-ctx.Done():
+				finished = true
+				if !done() {
+					err = ctx.Err()
+				}
+			}
+			if sleepers != nil {
+				sleepers.Add(-1)
+			}
 		}
 		if drove {
 			err := g.driveUntil(ctx, done)

@@ -108,12 +108,7 @@ func (e *Endpoint) oneSided(peer Addr, m RemoteMem, off uint64, segs [][]byte, c
 	default:
 		e.stats.Puts++
 		r.put, r.rndv = true, true
-		if len(e.eng.bufs) > 0 && len(segs) == 1 {
-			r.zbuf, r.zoff = e.eng.spanOf(segs[0])
-		}
-		r.rndvID = e.newID()
-		e.rndvs[r.rndvID] = r
-		p.rndvs++
+		e.offerRndv(p, r)
 		if p.sendHead != nil || !e.frameMessage(p, r, now) {
 			p.pushSend(r)
 		}

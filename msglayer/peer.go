@@ -97,7 +97,7 @@ func (p *peer) reset(code Code) {
 	for i := range p.win {
 		s := &p.win[i]
 		s.used, s.req, s.sacked, s.retries = false, nil, false, 0
-		p.releaseSlot(s)
+		e.eng.releaseSlot(s)
 	}
 	for i := range p.ooo {
 		p.releaseOOO(&p.ooo[i])
@@ -223,12 +223,13 @@ func (p *peer) nextSlot() *txSlot {
 }
 
 // releaseSlot gives an idle window slot's buffer back to the engine,
-// unless the link is still sending it (the flush gives it back then).
+// unless the link is still sending it: the flush that sends it calls
+// releaseSlot again once it is out.
 //
-// +checklocks:p.ep.eng.mu
-func (p *peer) releaseSlot(s *txSlot) {
-	if s.pending == 0 && s.buf != nil {
-		p.ep.eng.freeBuf(s.buf)
+// +checklocks:g.mu
+func (g *engine) releaseSlot(s *txSlot) {
+	if !s.used && s.pending == 0 && s.buf != nil {
+		g.freeBuf(s.buf)
 		s.buf = nil
 	}
 }
@@ -356,7 +357,7 @@ func (p *peer) onAck(ack uint32, now int64) {
 			}
 		}
 		s.used, s.req, s.sacked = false, nil, false
-		p.releaseSlot(s)
+		e.eng.releaseSlot(s)
 	}
 	p.acked = ack
 	p.lastHeard = now

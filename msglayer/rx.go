@@ -584,9 +584,7 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 	// From now on the send reads from the engine's copy, not the user's
 	// buffers (which the user may already have reused).
 	r.segs, r.rndv, r.buffered = [][]byte{buf}, true, true
-	r.rndvID = e.newID()
-	e.rndvs[r.rndvID] = r
-	p.rndvs++
+	e.offerRndv(p, r)
 	for seq := first; seq != p.nextSeq; seq++ {
 		s := &p.win[seq%w]
 		if s.req != r {
