@@ -162,30 +162,7 @@ func TestInfoEndToEnd(t *testing.T) {
 		return append(os.Environ(), "XMX_HOSTNAME="+host, msglayer.RunDirEnv+"="+runDir)
 	}
 	h1, h2 := lab.Hosts[0], lab.Hosts[1]
-	server := h2.Command(bin, "pingpong", "-i", "eth0")
-	server.Env = env("h2")
-	var serverLog bytes.Buffer
-	server.Stderr = &serverLog
-	if err := server.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		server.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { server.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			server.Process.Kill()
-			<-done
-		}
-	}
-	t.Cleanup(stop)
+	serverLog, stop := startServer(t, h2, bin, env("h2"), "pingpong", "-i", "eth0")
 
 	var err error
 	for try := 0; try < 20; try++ {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,30 +74,43 @@ func buildTool(t *testing.T) string {
 	return bin
 }
 
+// startServer runs bin with args on h (with env) until stop, which the
+// test's cleanup also calls: an interrupt, then a kill after 5 s. log
+// collects the server's standard error.
+func startServer(t *testing.T, h *netlab.Host, bin string, env []string, args ...string) (log *bytes.Buffer, stop func()) {
+	t.Helper()
+	server := h.Command(bin, args...)
+	server.Env = env
+	log = &bytes.Buffer{}
+	server.Stderr = log
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			server.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { server.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				server.Process.Kill()
+				<-done
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return log, stop
+}
+
 // TestEndToEnd runs a server on h2 and pingpong and stream clients on h1 of
 // a fresh lab, with -json output parsed back.
 func TestEndToEnd(t *testing.T) {
 	lab := netlab.New(t, netlab.Options{Hosts: 2})
 	bin := buildTool(t)
 	h1, h2 := lab.Hosts[0], lab.Hosts[1]
-	server := h2.Command(bin, "pingpong", "-i", "eth0")
-	server.Env = append(os.Environ(), "XMX_HOSTNAME=h2")
-	var serverLog bytes.Buffer
-	server.Stderr = &serverLog
-	if err := server.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		server.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { server.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			server.Process.Kill()
-			<-done
-		}
-	})
+	serverLog, _ := startServer(t, h2, bin, append(os.Environ(), "XMX_HOSTNAME=h2"), "pingpong", "-i", "eth0")
 	client := func(args ...string) []byte {
 		t.Helper()
 		var out []byte
