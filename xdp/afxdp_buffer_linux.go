@@ -124,18 +124,11 @@ func (l *AFXDPLink) queueTail(s Span) {
 
 // SendGather implements BufferLink.
 func (l *AFXDPLink) SendGather(n int, g Gatherer) (int, error) {
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
-	if l.closed.Load() {
-		return 0, l.closedErr("send")
-	}
+	var missing error
 	if g == nil {
-		return 0, &OpError{Op: "send", Interface: l.ifname, Err: errNilGatherer}
+		missing = errNilGatherer
 	}
-	l.txMu.Lock()
-	defer l.txMu.Unlock()
-	sent, _, err := l.sendBuiltLocked(0, n, nil, g, nil, 0)
-	return sent, err
+	return l.sendInPlace(n, nil, g, missing)
 }
 
 // GatherZeroCopy implements BufferLink: tails are descriptors of their own

@@ -58,17 +58,27 @@ func (l *AFXDPLink) txCommit(p *txBatch) {
 // UMEM, in the send slot Send would have copied it into (one UMEM frame, or
 // in multi-buffer mode a run of adjacent ones).
 func (l *AFXDPLink) SendBuilt(n int, b Builder) (int, error) {
+	var missing error
+	if b == nil {
+		missing = errNilBuilder
+	}
+	return l.sendInPlace(n, b, nil, missing)
+}
+
+// sendInPlace is SendBuilt (b) or SendGather (g); missing is the error of
+// a nil argument, reported once the link is known to be open.
+func (l *AFXDPLink) sendInPlace(n int, b Builder, g Gatherer, missing error) (int, error) {
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
 		return 0, l.closedErr("send")
 	}
-	if b == nil {
-		return 0, &OpError{Op: "send", Interface: l.ifname, Err: errNilBuilder}
+	if missing != nil {
+		return 0, &OpError{Op: "send", Interface: l.ifname, Err: missing}
 	}
 	l.txMu.Lock()
 	defer l.txMu.Unlock()
-	sent, _, err := l.sendBuiltLocked(0, n, b, nil, nil, 0)
+	sent, _, err := l.sendBuiltLocked(0, n, b, g, nil, 0)
 	return sent, err
 }
 
