@@ -243,8 +243,9 @@ type Counters struct {
 	Pulls                   uint64 // rendezvous pulls started
 	PullRequests            uint64 // pull requests sent (re-requests included)
 	PullReplies             uint64 // data frames sent for pulls
-	PullReRequests          uint64 // pull blocks asked for again (no frame of them in time)
-	PullRepliesLate         uint64 // pull data frames that arrived when no longer wanted (a re-request or a duplicate)
+	PullProbes              uint64 // pull blocks whose last missing frame was asked for again: their pull went quiet
+	PullReRequests          uint64 // pull blocks whose missing frames were asked for again: found lost (a later block or a probe came first)
+	PullRepliesLate         uint64 // pull data frames that arrived when no longer wanted (answers to a probe or re-request, duplicates)
 	EagerRefused            uint64 // eager messages refused for want of memory
 	EagerConverted          uint64 // our eager sends the receiver refused, resent as rendezvous
 	BadFrames               uint64 // frames that did not decode or named nothing here

@@ -43,3 +43,16 @@ func EagerFrame(f []byte) (seq uint32, match uint64, offset, n, msgLen uint32, o
 // SetWaitAnyHook runs f in WaitAny between its look at the done queue and
 // its wait (nil: nothing).
 func SetWaitAnyHook(f func()) { testHookWaitAny = f }
+
+// PullReplyFrame decodes a pull reply frame for tests that drop or hold
+// chosen frames: the offset of its data in the message.
+func PullReplyFrame(f []byte) (offset uint32, ok bool) {
+	h, err := decodeHeader(f)
+	if err != nil || h.typ != tPullReply {
+		return 0, false
+	}
+	th, _ := typeHdr(f, &h)
+	var ph pullReplyHdr
+	ph.decode(th)
+	return ph.offset, true
+}

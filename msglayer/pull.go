@@ -1,5 +1,7 @@
 package msglayer
 
+import "math/bits"
+
 // Rendezvous pulls. A large (or synchronous, or converted) message leaves
 // only its record at the receiver; once a receive matches it, the
 // receiver pulls the data in blocks of pullBlockFrames frames, several
@@ -30,18 +32,19 @@ type pullBlock struct {
 	frames         int // frames of the block, counted in the engine's budget
 	offset, length uint32
 	want           uint32 // frames still missing
-	sentAt         int64  // last (re-)request
+	sentAt         int64  // last (re-)request or probe
 	firstSent      int64  // first request
 	retries        int
+	probe          uint32 // the frame a probe asked for again, until it comes
 }
 
-// due is when the block is re-requested by its timer: when the pull has
-// gone without any frame for the peer's pull timeout (backed off per
-// re-request), counted from the block's request or from the pull's last
-// frame, whichever is later. While frames of the pull flow, the sender is
-// working through the requests in order, and a block waiting behind
-// others is not asked for again; a block whose frames were lost is found
-// sooner, when a block requested after it completes (onPullReply).
+// due is when the block is probed by its timer: when the pull has gone
+// without any frame for the peer's pull timeout (backed off per probe),
+// counted from the block's request or from the pull's last frame,
+// whichever is later. While frames of the pull flow, the sender is working
+// through the requests in order, and a block waiting behind others is not
+// probed; a block whose frames were lost is found sooner, when a block
+// requested after it completes (onPullReply).
 func (b *pullBlock) due(pl *pull, maxRTO int64) int64 {
 	return max(b.sentAt, pl.lastProgress) + min(pl.peer.pullTimeout()<<min(b.retries, 10), maxRTO)
 }
@@ -60,6 +63,22 @@ func (e *Endpoint) reRequestOvertaken(pl *pull, done *pullBlock, now int64) {
 			e.sendPullReq(pl, b, now)
 		}
 	}
+}
+
+// probeBlock asks again for the last missing frame of a block whose pull
+// went quiet: a tail-loss probe. The sender answers a peer's requests in
+// order, so the probe's frame comes after every frame the block's request
+// will ever bring: the frames still missing then were lost, and are asked
+// for (onPullReply). A sender that was only slow (descheduled, its queue
+// long) costs one frame sent twice rather than the block.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) probeBlock(pl *pull, b *pullBlock, now int64) {
+	b.retries++
+	e.stats.PullProbes++
+	probe := uint32(1) << (31 - bits.LeadingZeros32(b.want))
+	e.pullReq(pl, b, probe, now)
+	b.probe = probe
 }
 
 // startPull begins pulling total bytes of rendezvous rndvID from p into r.
@@ -116,6 +135,7 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		b.frames = frames
 		b.want = uint32(uint64(1)<<frames - 1)
 		b.retries = 0
+		b.probe = 0
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
 	}
@@ -150,10 +170,18 @@ func (e *Endpoint) blockDone(b *pullBlock, now int64) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
+	b.probe = 0
+	e.pullReq(pl, b, b.want, now)
+}
+
+// pullReq asks for the frames of block b in mask.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 	b.sentAt = now
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
-		mask: b.want, frameBytes: pl.frameBytes}
+		mask: mask, frameBytes: pl.frameBytes}
 	var flags uint16
 	if r := pl.r; r.kind == kindGet {
 		// A Get pulls from a registered region of the peer.
@@ -289,6 +317,12 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		b.want &^= bit
 		pl.got += n
 		pl.lastProgress = now
+		if bit == b.probe && b.want != 0 {
+			// The probed frame came, and frames asked for before it did
+			// not: they were lost.
+			e.stats.PullReRequests++
+			e.sendPullReq(pl, b, now)
+		}
 		if b.want == 0 {
 			// Timed from the first request even when the block was asked
 			// for again: at worst an overestimate. Most re-requests turn
@@ -328,9 +362,7 @@ func (e *Endpoint) pullTimers(id uint32, pl *pull, now int64) int64 {
 			continue
 		}
 		if now >= b.due(pl, maxRTO) {
-			b.retries++
-			e.stats.PullReRequests++
-			e.sendPullReq(pl, b, now)
+			e.probeBlock(pl, b, now)
 		}
 		if t := b.due(pl, maxRTO); next == 0 || t < next {
 			next = t

@@ -1,0 +1,126 @@
+package msglayer_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// holdLink delays every pull reply sent during the first hold after the
+// first one, then sends them in order: a sender that was descheduled.
+type holdLink struct {
+	xdp.Link
+	hold  time.Duration
+	mu    sync.Mutex
+	until time.Time // zero until the first pull reply
+	held  [][]byte
+}
+
+func (l *holdLink) Send(frames [][]byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	for _, f := range frames {
+		_, isReply := msglayer.PullReplyFrame(f)
+		if isReply && l.until.IsZero() {
+			l.until = now.Add(l.hold)
+			time.AfterFunc(l.hold, l.release)
+		}
+		if len(l.held) > 0 || (isReply && now.Before(l.until)) {
+			l.held = append(l.held, append([]byte(nil), f...))
+			continue
+		}
+		if _, err := l.Link.Send([][]byte{f}); err != nil {
+			return 0, err
+		}
+	}
+	return len(frames), nil
+}
+
+func (l *holdLink) release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.Link.Send(l.held)
+	l.held = nil
+}
+
+// pullOnce sends one size-byte rendezvous message from a to b and checks
+// it arrived intact.
+func pullOnce(t *testing.T, a, b *msglayer.Endpoint, size int) {
+	t.Helper()
+	ctx := ctxFor(t, 10*time.Second)
+	s, err := a.Isend(b.Addr(), 7, [][]byte{message(7, size)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	go func() { _, err := a.Wait(ctx, s); sent <- err }()
+	buf := make([]byte, size)
+	r, _ := b.Irecv(7, ^uint64(0), [][]byte{buf}, nil)
+	if _, err := b.Wait(ctx, r); err != nil {
+		t.Fatalf("receive: %v\nreceiver %+v", err, b.Counters())
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	checkMessage(t, buf, 7, size)
+}
+
+// TestPullProbeLateSender checks that a pull whose sender is only slow
+// (all its replies held back for many pull timeouts) costs a probe frame
+// per block and timeout, not the blocks again.
+func TestPullProbeLateSender(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	hl := &holdLink{Link: la, hold: 60 * time.Millisecond}
+	a := openEP(t, msglayer.Config{Link: hl, EndpointID: 1, Key: 1, BusyPoll: true})
+	b := openEP(t, msglayer.Config{Link: lb, EndpointID: 2, Key: 2, BusyPoll: true,
+		InitialRTO: 5 * time.Millisecond, MinRTO: 5 * time.Millisecond})
+	connectPair(t, a, b)
+	pullOnce(t, a, b, 4*32*1468) // four blocks of 32 frames
+	c := b.Counters()
+	if c.PullProbes == 0 {
+		t.Errorf("no probe while the sender was silent for 12 pull timeouts: %+v", c)
+	}
+	if c.PullReRequests != 0 || c.PullRepliesLate > c.PullProbes {
+		t.Errorf("%d re-requests, %d late replies for %d probes: the late sender's blocks were asked for again", c.PullReRequests, c.PullRepliesLate, c.PullProbes)
+	}
+}
+
+// TestPullProbeFindsLoss checks that frames lost from a block's middle and
+// tail (nothing after them to show the loss) are found by a probe and
+// asked for once.
+func TestPullProbeFindsLoss(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	const payload = 1468
+	dl := &dropLink{Link: la, dropped: map[uint32]bool{}, drop: func(f []byte) (uint32, bool) {
+		off, ok := msglayer.PullReplyFrame(f)
+		return off, ok && (off == 10*payload || off == 31*payload)
+	}}
+	a := openEP(t, msglayer.Config{Link: dl, EndpointID: 1, Key: 1, BusyPoll: true})
+	b := openEP(t, msglayer.Config{Link: lb, EndpointID: 2, Key: 2, BusyPoll: true,
+		InitialRTO: 5 * time.Millisecond, MinRTO: 5 * time.Millisecond})
+	connectPair(t, a, b)
+	pullOnce(t, a, b, 32*payload) // one block
+	c := b.Counters()
+	if c.PullProbes != 1 || c.PullReRequests != 1 || c.PullRepliesLate != 0 {
+		t.Errorf("%d probes, %d re-requests, %d late replies: want 1, 1, 0", c.PullProbes, c.PullReRequests, c.PullRepliesLate)
+	}
+}
+
+func connectPair(t *testing.T, a, b *msglayer.Endpoint) {
+	t.Helper()
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Connect(ctx, a.Addr(), 1); err != nil {
+		t.Fatal(err)
+	}
+}
