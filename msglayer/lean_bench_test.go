@@ -1,0 +1,240 @@
+package msglayer_test
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// leanRing is one direction of a leanLink pair: a single-producer,
+// single-consumer ring of frames. The sender owns head, the receiver tail.
+type leanRing struct {
+	head   atomic.Uint32
+	_      [60]byte
+	tail   atomic.Uint32
+	_      [60]byte
+	frames [256][2048]byte
+	lens   [256]int
+}
+
+// leanLink is a link with no cost of its own beyond a cache line moving
+// between CPUs: it measures the engine's own cost per message (the
+// kernel's part of a real link left out). It implements Link, FrameBuilder
+// and FrameVisitor, as the AF_XDP link does.
+type leanLink struct {
+	mac      net.HardwareAddr
+	tx, rx   *leanRing
+	sendMu   sync.Mutex // serialises senders (the engine's driver and its API calls)
+	recvMu   sync.Mutex
+	woken    atomic.Bool
+	closed   atomic.Bool
+	txFrames atomic.Uint64
+}
+
+func newLeanPair() (a, b *leanLink) {
+	r1, r2 := new(leanRing), new(leanRing)
+	a = &leanLink{mac: net.HardwareAddr{2, 0, 0, 0, 0, 1}, tx: r1, rx: r2}
+	b = &leanLink{mac: net.HardwareAddr{2, 0, 0, 0, 0, 2}, tx: r2, rx: r1}
+	return a, b
+}
+
+func (l *leanLink) Send(frames [][]byte) (int, error) {
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	for i, f := range frames {
+		if !l.push(func(buf []byte) int { return copy(buf, f) }) {
+			return i, nil
+		}
+	}
+	return len(frames), nil
+}
+
+// push waits for room (bounded) and writes one frame.
+func (l *leanLink) push(build func([]byte) int) bool {
+	r := l.tx
+	h := r.head.Load()
+	for spins := 0; h-r.tail.Load() >= uint32(len(r.frames)); spins++ {
+		if l.closed.Load() || spins > 1e6 {
+			return false
+		}
+		runtime.Gosched()
+	}
+	i := h % uint32(len(r.frames))
+	r.lens[i] = build(r.frames[i][:])
+	r.head.Store(h + 1)
+	l.txFrames.Add(1)
+	return true
+}
+
+func (l *leanLink) SendBuilt(n int, b xdp.Builder) (int, error) {
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	for i := 0; i < n; i++ {
+		if !l.push(func(buf []byte) int { return b.Build(i, buf) }) {
+			return i, nil
+		}
+	}
+	return n, nil
+}
+
+func (l *leanLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
+	k := 0
+	n, err := l.recv(len(bufs), timeout, func(f []byte) { sizes[k] = copy(bufs[k], f); k++ })
+	return n, err
+}
+
+func (l *leanLink) RecvVisit(max int, timeout time.Duration, v xdp.Visitor) (int, error) {
+	return l.recv(max, timeout, v.Visit)
+}
+
+func (l *leanLink) recv(max int, timeout time.Duration, visit func([]byte)) (int, error) {
+	l.recvMu.Lock()
+	defer l.recvMu.Unlock()
+	r := l.rx
+	var deadline time.Time
+	for {
+		if l.closed.Load() {
+			return 0, net.ErrClosed
+		}
+		t, h := r.tail.Load(), r.head.Load()
+		if h != t {
+			n := 0
+			for ; t != h && n < max; t, n = t+1, n+1 {
+				i := t % uint32(len(r.frames))
+				visit(r.frames[i][:r.lens[i]])
+			}
+			r.tail.Store(t)
+			return n, nil
+		}
+		if timeout == 0 || l.woken.Swap(false) {
+			return 0, nil
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(timeout)
+		} else if time.Now().After(deadline) {
+			return 0, nil
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+}
+
+func (l *leanLink) Wake()                          { l.woken.Store(true) }
+func (l *leanLink) HardwareAddr() net.HardwareAddr { return l.mac }
+func (l *leanLink) MTU() int                       { return 1500 }
+func (l *leanLink) Info() xdp.Info                 { return xdp.Info{Kind: "mem", Mode: "lean", Queue: -1} }
+func (l *leanLink) Stats() xdp.Stats               { return xdp.Stats{TxFrames: l.txFrames.Load()} }
+func (l *leanLink) Close() error                   { l.closed.Store(true); return nil }
+
+// leanFloor is the ping-pong half round trip of the lean links alone.
+func leanFloor(b *testing.B, la, lb *leanLink, n int) []time.Duration {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		bufs, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+		for {
+			k, _ := lb.Recv(bufs, sizes, 0)
+			if k == 0 {
+				continue
+			}
+			if sizes[0] == 14 { // the end
+				return
+			}
+			lb.Send([][]byte{bufs[0][:sizes[0]]})
+		}
+	}()
+	out := make([]byte, 64)
+	in, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+	rtts := make([]time.Duration, 0, n)
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		la.Send([][]byte{out})
+		for {
+			if k, _ := la.Recv(in, sizes, 0); k > 0 {
+				break
+			}
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	la.Send([][]byte{out[:14]})
+	<-done
+	return rtts
+}
+
+// BenchmarkPingPongLean measures the engine's own cost per message: 8-byte
+// ping-pong in busy-poll mode over a pair of links that cost nothing but a
+// cache line moving between CPUs, next to those links' own ping-pong.
+func BenchmarkPingPongLean(b *testing.B) {
+	var floor time.Duration
+	b.Run("link-floor", func(b *testing.B) {
+		la, lb := newLeanPair()
+		leanFloor(b, la, lb, 1000)
+		b.ResetTimer()
+		rtts := leanFloor(b, la, lb, b.N)
+		b.StopTimer()
+		floor = reportRTT(b, rtts, 0)
+	})
+	b.Run("msglayer", func(b *testing.B) {
+		la, lb := newLeanPair()
+		w := world{open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
+			cfg.Link = []*leanLink{la, lb}[host]
+			return openEP(t, cfg)
+		}}
+		a, c := w.pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+		pingPong(b, a, c, 8, 1000, nil)
+		rtts := make([]time.Duration, 0, b.N)
+		b.ReportAllocs()
+		b.ResetTimer()
+		rtts = pingPong(b, a, c, 8, b.N, rtts)
+		b.StopTimer()
+		p50 := reportRTT(b, rtts, floor)
+		b.ReportMetric(float64(p50-floor)/2e3, "overhead-µs")
+	})
+}
+
+// BenchmarkEngineCost measures the engine's CPU cost per 8-byte message
+// with no second CPU involved: one goroutine sends from a, receives at b,
+// answers and receives the answer at a, over lean links (busy-poll).
+func BenchmarkEngineCost(b *testing.B) {
+	la, lb := newLeanPair()
+	w := world{open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
+		cfg.Link = []*leanLink{la, lb}[host]
+		return openEP(t, cfg)
+	}}
+	a, c := w.pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+	ctx := context.Background()
+	out, in, echo := [][]byte{make([]byte, 8)}, [][]byte{make([]byte, 8)}, [][]byte{make([]byte, 8)}
+	round := func() {
+		rc, err := c.Irecv(0, 0, echo, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ra, _ := a.Irecv(2, ^uint64(0), in, nil)
+		s, _ := a.Isend(c.Addr(), 0, out, nil)
+		if _, err := c.Wait(ctx, rc); err != nil {
+			b.Fatal(err)
+		}
+		s2, _ := c.Isend(a.Addr(), 2, echo, nil)
+		if _, err := a.Wait(ctx, ra); err != nil {
+			b.Fatal(err)
+		}
+		a.Forget(s)
+		c.Forget(s2)
+	}
+	for range 1000 {
+		round()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		round()
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(2*b.N), "ns/msg")
+}
