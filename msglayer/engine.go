@@ -47,9 +47,8 @@ type engine struct {
 	clock     Clock
 	hostname  string
 
-	// drive is the drive token: a goroutine that sends into it drives
-	// the link until it receives back.
-	drive chan struct{}
+	// drive is the drive token: its holder drives the link.
+	drive driveToken
 	// Drivers: API waiters want the token (wantDrive); the background
 	// goroutine drives when none has for a while (apiCalls).
 	wantDrive  atomic.Int32
@@ -168,7 +167,7 @@ func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostna
 		busyPoll:    busyPoll,
 		clock:       clock,
 		hostname:    hostname,
-		drive:       make(chan struct{}, 1),
+		drive:       driveToken{free: make(chan struct{}, 1)},
 		bgStop:      make(chan struct{}),
 		bgDone:      make(chan struct{}),
 		hostReplies: map[string][6]byte{},
@@ -338,9 +337,12 @@ func (g *engine) flushAndUnlock() {
 		clear(g.txSending)
 		if repump {
 			// Messages may have waited for a slot still being sent.
-			now := g.clock.Now()
+			var now int64
 			for _, e := range g.epList {
 				if e.blockedOnSlot {
+					if now == 0 {
+						now = g.clock.Now()
+					}
 					e.blockedOnSlot = false
 					e.pumpAll(now)
 				}
@@ -581,11 +583,8 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 		// The token is usually free: take it without the cost of a
 		// three-way select.
 		var err error
-		drove, finished := false, false
-		select {
-		case g.drive <- struct{}{}:
-			drove = true
-		default:
+		drove, finished := g.drive.tryTake(), false
+		if !drove {
 			if sleepers != nil {
 				sleepers.Add(1)
 				if done() {
@@ -593,24 +592,28 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 					return nil
 				}
 			}
-			select {
-			case g.drive <- struct{}{}:
-				drove = true
-			case <-wake:
-				finished = done()
-			case <-ctx.Done():
-				finished = true
-				if !done() {
-					err = ctx.Err()
+			g.drive.waiting.Add(1)
+			if drove = g.drive.tryTake(); !drove {
+				select {
+				case <-g.drive.free:
+					drove = g.drive.tryTake()
+				case <-wake:
+					finished = done()
+				case <-ctx.Done():
+					finished = true
+					if !done() {
+						err = ctx.Err()
+					}
 				}
 			}
+			g.drive.waiting.Add(-1)
 			if sleepers != nil {
 				sleepers.Add(-1)
 			}
 		}
 		if drove {
 			err := g.driveUntil(ctx, done)
-			<-g.drive
+			g.drive.release()
 			return err
 		}
 		if finished {
@@ -734,12 +737,21 @@ func (g *engine) background() {
 			continue
 		}
 		linger.Reset(lingerAPI)
-		select {
-		case g.drive <- struct{}{}:
-		case <-g.bgStop:
-			return
-		case <-linger.C:
-			continue
+		if !g.drive.tryTake() {
+			g.drive.waiting.Add(1)
+			took := g.drive.tryTake()
+			if !took {
+				select {
+				case <-g.drive.free:
+					took = g.drive.tryTake()
+				case <-g.bgStop:
+				case <-linger.C:
+				}
+			}
+			g.drive.waiting.Add(-1)
+			if !took {
+				continue // the loop's top looks at bgStop
+			}
 		}
 		g.bgDriving.Store(true)
 		for g.wantDrive.Load() == 0 && !g.closed.Load() {
@@ -749,7 +761,35 @@ func (g *engine) background() {
 			}
 		}
 		g.bgDriving.Store(false)
-		<-g.drive
+		g.drive.release()
+	}
+}
+
+// driveToken is the right to drive the link, held by one goroutine at a
+// time. Taking it when free costs a compare-and-swap. A goroutine that
+// must wait for it counts itself in waiting, tries once more, and then
+// waits on free (with its other wake-ups); a release signals free only
+// when someone counts as waiting. The count goes up before the second try
+// and a release frees the token before it reads the count, so either the
+// try succeeds or the release signals. A signal can outlive its waiter:
+// whoever takes it next tries, and waits again if the token is taken.
+type driveToken struct {
+	held    atomic.Bool
+	waiting atomic.Int32
+	free    chan struct{} // capacity 1
+}
+
+func (t *driveToken) tryTake() bool {
+	return !t.held.Load() && t.held.CompareAndSwap(false, true)
+}
+
+func (t *driveToken) release() {
+	t.held.Store(false)
+	if t.waiting.Load() > 0 {
+		select {
+		case t.free <- struct{}{}:
+		default:
+		}
 	}
 }
 
