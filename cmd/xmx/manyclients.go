@@ -142,7 +142,7 @@ estimate of the data they sent more than once.
 	unexp := fs.String("unexpected-bytes", "0", "server: msglayer UnexpectedBytes, the bound on unexpected eager data (0: its default, 8M)")
 	fs.DurationVar(&c.sample, "sample", 10*time.Millisecond, "server: period of the counter samples (peak unexpected bytes)")
 	fs.DurationVar(&c.minRTO, "min-rto", 0, "msglayer MinRTO, the floor of the retransmission and pull re-request timeouts (0: its default, 2ms)")
-	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 4)")
+	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 16)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
