@@ -73,6 +73,18 @@ func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.D
 	return rtts
 }
 
+// measurePingPong warms a and c up, then times b.N round trips of
+// 8-byte messages (allocations reported) and returns their times.
+func measurePingPong(b *testing.B, a, c *msglayer.Endpoint) []time.Duration {
+	pingPong(b, a, c, 8, 1000, nil)
+	rtts := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	rtts = pingPong(b, a, c, 8, b.N, rtts)
+	b.StopTimer()
+	return rtts
+}
+
 func reportRTT(b *testing.B, rtts []time.Duration, floorP50 time.Duration) time.Duration {
 	slices.Sort(rtts)
 	p50, p99 := rtts[len(rtts)/2], rtts[len(rtts)*99/100]
@@ -92,13 +104,7 @@ func BenchmarkPingPongMem(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			w := memWorld(&testing.T{}, xdp.MemConfig{})
 			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
-			pingPong(b, a, c, 8, 1000, nil)
-			rtts := make([]time.Duration, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			rtts = pingPong(b, a, c, 8, b.N, rtts)
-			b.StopTimer()
-			reportRTT(b, rtts, 0)
+			reportRTT(b, measurePingPong(b, a, c), 0)
 		})
 	}
 }
@@ -134,13 +140,7 @@ func BenchmarkPingPongAFXDP(b *testing.B) {
 		b.Run("msglayer-"+mode, func(b *testing.B) {
 			w := labWorld2(b, lab)
 			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
-			pingPong(b, a, c, 8, 1000, nil)
-			rtts := make([]time.Duration, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			rtts = pingPong(b, a, c, 8, b.N, rtts)
-			b.StopTimer()
-			reportRTT(b, rtts, floor)
+			reportRTT(b, measurePingPong(b, a, c), floor)
 		})
 	}
 }

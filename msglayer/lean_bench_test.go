@@ -132,6 +132,16 @@ func (l *leanLink) Info() xdp.Info                 { return xdp.Info{Kind: "mem"
 func (l *leanLink) Stats() xdp.Stats               { return xdp.Stats{TxFrames: l.txFrames.Load()} }
 func (l *leanLink) Close() error                   { l.closed.Store(true); return nil }
 
+// leanWorld opens its two endpoints on a fresh lean link pair.
+func leanWorld() world {
+	links := [2]*leanLink{}
+	links[0], links[1] = newLeanPair()
+	return world{name: "lean", open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
+		cfg.Link = links[host]
+		return openEP(t, cfg)
+	}}
+}
+
 // leanFloor is the ping-pong half round trip of the lean links alone.
 func leanFloor(b *testing.B, la, lb *leanLink, n int) []time.Duration {
 	done := make(chan struct{})
@@ -181,19 +191,8 @@ func BenchmarkPingPongLean(b *testing.B) {
 		floor = reportRTT(b, rtts, 0)
 	})
 	b.Run("msglayer", func(b *testing.B) {
-		la, lb := newLeanPair()
-		w := world{open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
-			cfg.Link = []*leanLink{la, lb}[host]
-			return openEP(t, cfg)
-		}}
-		a, c := w.pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
-		pingPong(b, a, c, 8, 1000, nil)
-		rtts := make([]time.Duration, 0, b.N)
-		b.ReportAllocs()
-		b.ResetTimer()
-		rtts = pingPong(b, a, c, 8, b.N, rtts)
-		b.StopTimer()
-		p50 := reportRTT(b, rtts, floor)
+		a, c := leanWorld().pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+		p50 := reportRTT(b, measurePingPong(b, a, c), floor)
 		b.ReportMetric(float64(p50-floor)/2e3, "overhead-µs")
 	})
 }
@@ -202,12 +201,7 @@ func BenchmarkPingPongLean(b *testing.B) {
 // with no second CPU involved: one goroutine sends from a, receives at b,
 // answers and receives the answer at a, over lean links (busy-poll).
 func BenchmarkEngineCost(b *testing.B) {
-	la, lb := newLeanPair()
-	w := world{open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
-		cfg.Link = []*leanLink{la, lb}[host]
-		return openEP(t, cfg)
-	}}
-	a, c := w.pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+	a, c := leanWorld().pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
 	ctx := context.Background()
 	out, in, echo := [][]byte{make([]byte, 8)}, [][]byte{make([]byte, 8)}, [][]byte{make([]byte, 8)}
 	round := func() {

@@ -135,7 +135,6 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		b.frames = frames
 		b.want = uint32(uint64(1)<<frames - 1)
 		b.retries = 0
-		b.probe = 0
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
 	}

@@ -255,27 +255,18 @@ func (l *AFXDPLink) visitReady(max int, v Visitor) int {
 		var frame []byte
 		bad := !complete
 		if next-first == 1 && !bad {
-			d := l.rx.descs[first&l.rx.mask]
-			e := d.Addr + uint64(d.Len)
-			if e > uint64(len(l.umem)) || d.Addr/l.frameSize != (e-1)/l.frameSize {
-				bad = true
-			} else {
-				frame = l.umem[d.Addr:e:e]
-			}
-			l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
-			l.fill.cachedProd++
+			var ok bool
+			frame, ok = l.takeDesc(first)
+			bad = !ok
 		} else {
 			l.rxScratch = l.rxScratch[:0]
 			for i := first; i != next; i++ {
-				d := l.rx.descs[i&l.rx.mask]
-				e := d.Addr + uint64(d.Len)
-				if e > uint64(len(l.umem)) || d.Addr/l.frameSize != (e-1)/l.frameSize {
+				data, ok := l.takeDesc(i)
+				if !ok {
 					bad = true
 				} else if !bad {
-					l.rxScratch = append(l.rxScratch, l.umem[d.Addr:e]...)
+					l.rxScratch = append(l.rxScratch, data...)
 				}
-				l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
-				l.fill.cachedProd++
 			}
 			frame = l.rxScratch
 		}

@@ -626,18 +626,13 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 		buf := bufs[out]
 		copied, total, bad := 0, 0, !complete
 		for i := first; i != next; i++ {
-			d := l.rx.descs[i&l.rx.mask]
-			e := d.Addr + uint64(d.Len)
-			if e > uint64(len(l.umem)) || d.Addr/l.frameSize != (e-1)/l.frameSize {
-				// The kernel validates descriptors; this never happens
-				// unless the ring is corrupted. Count it and drop the packet.
-				bad = true
+			data, ok := l.takeDesc(i)
+			if !ok {
+				bad = true // counted and dropped below
 			} else if !bad {
-				copied += copy(buf[copied:], l.umem[d.Addr:e])
-				total += int(d.Len)
+				copied += copy(buf[copied:], data)
+				total += len(data)
 			}
-			l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
-			l.fill.cachedProd++
 		}
 		l.rx.cachedCons = next
 		if bad {
@@ -659,6 +654,25 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 	l.rxFrames.Add(uint64(out))
 	l.rxBytes.Add(bytes)
 	return out
+}
+
+// takeDesc returns the data of RX descriptor i and queues its UMEM frame
+// for the fill ring (published by the caller once the data is consumed).
+// ok is false for a descriptor outside the UMEM or across a frame
+// boundary: the kernel validates descriptors, so only a corrupted ring
+// shows one, and the caller drops its packet and counts it.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) takeDesc(i uint32) (data []byte, ok bool) {
+	d := l.rx.descs[i&l.rx.mask]
+	l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
+	l.fill.cachedProd++
+	e := d.Addr + uint64(d.Len)
+	// Within one frame: first and last byte agree above the frame bits.
+	if e > uint64(len(l.umem)) || d.Addr^(e-1) >= l.frameSize {
+		return nil, false
+	}
+	return l.umem[d.Addr:e:e], true
 }
 
 // Send implements Link.

@@ -369,11 +369,12 @@ type MemLink struct {
 	// wakeReq is set by Wake: the next Recv that would wait returns at once.
 	wakeReq atomic.Bool
 
-	// sendMu serialises Send and guards rng and gather.
+	// sendMu serialises Send and guards rng, gather and copier.
 	sendMu sync.Mutex
-	// gather adapts SendGather's Gatherer (kept here: no allocation per
-	// call).
+	// gather adapts SendGather's Gatherer and copier Send's frames to
+	// sendBuiltLocked (kept here: no allocation per call).
 	gather gatherCopy
+	copier frameCopier
 	rng    *rand.Rand // fault-knob draws for the frames this link sends
 
 	// recvMu serialises Recv and RecvVisit and guards timer and visitQ.
@@ -429,40 +430,19 @@ func (l *MemLink) opErr(op string, err error) error {
 func (l *MemLink) Send(frames [][]byte) (int, error) {
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
-	if l.closed.Load() {
-		return 0, l.opErr("send", net.ErrClosed)
-	}
-	h := l.hub
-	c := h.cfg.Load()
-	ports := h.ports.Load()
-	maxLen := h.mtu + EthHeaderLen
-	var txBytes uint64
-	n := 0
-	defer func() {
-		l.stats.txFrames.Add(uint64(n))
-		l.stats.txBytes.Add(txBytes)
-	}()
-	for _, f := range frames {
-		if l.closed.Load() {
-			return n, l.opErr("send", net.ErrClosed)
-		}
-		if err := checkFrame(f, maxLen); err != nil {
-			return n, l.opErr("send", err)
-		}
-		now := h.now()
-		if f[0]&1 != 0 {
-			for _, r := range ports.links {
-				if r != l {
-					l.deliver(r, f, c, now, nil)
-				}
-			}
-		} else if r := ports.byMAC[[6]byte(f[:6])]; r != nil && r != l {
-			l.deliver(r, f, c, now, nil)
-		}
-		n++
-		txBytes += uint64(len(f))
-	}
-	return n, nil
+	l.copier.frames = frames
+	defer func() { l.copier.frames = nil }() // do not pin the caller's frames
+	return l.sendBuiltLocked(len(frames), &l.copier)
+}
+
+// frameCopier builds Send's frames by copying them. A frame too long for
+// buf is reported with its own length, so that sendBuiltLocked refuses it
+// as Send must.
+type frameCopier struct{ frames [][]byte }
+
+func (c *frameCopier) Build(i int, buf []byte) int {
+	copy(buf, c.frames[i])
+	return len(c.frames[i])
 }
 
 // AllocBuffer implements [BufferLink] with ordinary memory: the in-memory
