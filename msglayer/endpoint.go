@@ -198,7 +198,11 @@ type Endpoint struct {
 	// +checklocks:eng.mu
 	lastPeer *peer // the peer of the last frame handled: most frames come from it
 	// +checklocks:eng.mu
-	active []*peer // peers with timers
+	timers timerHeap // peers' and pulls' timers
+	// +checklocks:eng.mu
+	dueTimers []*timer // scratch for runTimers
+	// +checklocks:eng.mu
+	acksDue []*peer // peers that delayed an ack since the last flushAcks, once each
 	// +checklocks:eng.mu
 	nextTimer int64
 	// +checklocks:eng.mu
@@ -556,41 +560,58 @@ func (e *Endpoint) passAnyWake() {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) arm(p *peer, t int64) {
-	if p != nil && !p.active {
-		p.active = true
-		e.active = append(e.active, p)
+	if p != nil {
+		e.timers.schedule(&p.tm, t)
 	}
+	e.armAt(t)
+}
+
+// armPull makes pl's timer run at t at the latest.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) armPull(pl *pull, t int64) {
+	e.timers.schedule(&pl.tm, t)
+	e.armAt(t)
+}
+
+// armAt makes the endpoint's timers run at t at the latest.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) armAt(t int64) {
 	if e.nextTimer == 0 || t < e.nextTimer {
 		e.nextTimer = t
 	}
 }
 
-// runTimers runs the timers of every active peer, of pulls and connects.
+// runTimers runs the timers that are due (peers', pulls') and those of
+// connects.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) runTimers(now int64) {
-	next := int64(0)
-	at := func(t int64) {
-		if t != 0 && (next == 0 || t < next) {
-			next = t
+	// Take every due timer out first: each runs once, even if it finds
+	// itself due again.
+	due := e.dueTimers[:0]
+	for t := e.timers.popDue(now); t != nil; t = e.timers.popDue(now) {
+		due = append(due, t)
+	}
+	for _, t := range due {
+		var next int64
+		switch {
+		case t.peer != nil:
+			next = t.peer.runTimers(now)
+		case !t.pull.ended: // not ended by a timer that ran before it
+			next = e.pullTimers(t.pull, now)
+		}
+		if next != 0 && (t.pull == nil || !t.pull.ended) {
+			e.timers.schedule(t, next)
 		}
 	}
-	kept := e.active[:0]
-	for _, p := range e.active {
-		t := p.runTimers(now)
-		if t != 0 {
-			kept = append(kept, p)
-			at(t)
-		} else {
-			p.active = false
-		}
+	clear(due)
+	e.dueTimers = due[:0]
+	next := e.timers.next()
+	if t := e.connectTimers(now); t != 0 && (next == 0 || t < next) {
+		next = t
 	}
-	clear(e.active[len(kept):])
-	e.active = kept
-	for id, pl := range e.pulls {
-		at(e.pullTimers(id, pl, now))
-	}
-	at(e.connectTimers(now))
 	e.nextTimer = next
 }
 
@@ -598,11 +619,14 @@ func (e *Endpoint) runTimers(now int64) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) flushAcks() {
-	for _, p := range e.active {
+	for _, p := range e.acksDue {
 		if p.ackDue != 0 {
 			p.sendAck()
 		}
+		p.inAcksDue = false
 	}
+	clear(e.acksDue)
+	e.acksDue = e.acksDue[:0]
 }
 
 // peerFor returns the peer record of a, creating it.

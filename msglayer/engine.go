@@ -87,7 +87,7 @@ type engine struct {
 	// +checklocks:mu
 	pullFrames, maxPullFrames int
 	// +checklocks:mu
-	starved int // pulls waiting for budget
+	starved []*pull // pulls waiting for budget, in no order
 	// +checklocks:mu
 	bufs []*Buffer // lent buffers not freed, for sends to find their data in
 

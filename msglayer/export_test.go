@@ -56,3 +56,11 @@ func PullReplyFrame(f []byte) (offset uint32, ok bool) {
 	ph.decode(th)
 	return ph.offset, true
 }
+
+// DebugPullBudget returns the frames the engine's pulls have asked for and
+// not received, and the number of pulls waiting for that budget.
+func (e *Endpoint) DebugPullBudget() (frames, starved int) {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	return e.eng.pullFrames, len(e.eng.starved)
+}

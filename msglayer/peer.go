@@ -15,7 +15,7 @@ type peer struct {
 	dead          bool      // retransmissions gave up: sends fail until a new connect
 	local         *Endpoint // same-process endpoint: messages skip the NIC
 	mtu           int       // frames to the peer: the smaller of both MTUs
-	active        bool      // in ep.active: has timers to run
+	tm            timer     // in ep.timers while it has frames in flight or an ack due
 
 	// Send side: frames nextSeq-acked in flight, in the window.
 	nextSeq  uint32
@@ -38,6 +38,7 @@ type peer struct {
 	oooCount   int
 	ackPending int   // in-order frames not yet acknowledged
 	ackDue     int64 // when a delayed ack must go (0: none)
+	inAcksDue  bool  // in ep.acksDue
 	refused    bool  // an eager message at refusedSeq was refused: wait for its rendezvous version
 	refusedSeq uint32
 	in         inMsg // the eager message being reassembled
@@ -83,6 +84,7 @@ type inMsg struct {
 
 func newPeer(e *Endpoint, a Addr) *peer {
 	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO)}
+	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
 	return p
 }

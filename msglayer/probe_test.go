@@ -124,3 +124,56 @@ func connectPair(t *testing.T, a, b *msglayer.Endpoint) {
 		t.Fatal(err)
 	}
 }
+
+// TestPullBudgetShared pulls many large messages at once over a lossy
+// link: more frames than the engine's pull budget, so most pulls wait for
+// it. Every message arrives intact, and afterwards the budget is whole
+// and no pull waits.
+func TestPullBudgetShared(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{Loss: 0.05, Reorder: 0.05, Duplicate: 0.01, Seed: 11})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 60*time.Second)
+	const n, size = 40, 100 << 10 // 40 x 70 frames against a budget of 1024
+	recvs := make([]msglayer.Request, n)
+	bufs := make([][]byte, n)
+	for i := range n {
+		bufs[i] = make([]byte, size)
+		r, err := b.Irecv(uint64(i), ^uint64(0), [][]byte{bufs[i]}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recvs[i] = r
+	}
+	sends := make([]msglayer.Request, n)
+	for i := range n {
+		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, size)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends[i] = s
+	}
+	go func() {
+		for _, s := range sends {
+			a.Wait(ctx, s)
+		}
+	}()
+	waited := 0
+	for i, r := range recvs {
+		st, err := b.Wait(ctx, r)
+		if err != nil {
+			t.Fatalf("receive %d: %v (%v)", i, err, st)
+		}
+		checkMessage(t, bufs[i], i, size)
+		_, starved := b.DebugPullBudget()
+		waited = max(waited, starved)
+	}
+	if waited == 0 {
+		t.Error("no pull ever waited for the budget: the test does not test it")
+	}
+	if frames, starved := b.DebugPullBudget(); frames != 0 || starved != 0 {
+		t.Errorf("after every pull ended: %d frames still counted in the budget, %d pulls waiting for it", frames, starved)
+	}
+	if c := b.Counters(); c.Pulls != n {
+		t.Errorf("%d pulls, want %d", c.Pulls, n)
+	}
+}

@@ -1,6 +1,10 @@
 package msglayer
 
-import "math/bits"
+import (
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+)
 
 // Rendezvous pulls. A large (or synchronous, or converted) message leaves
 // only its record at the receiver; once a receive matches it, the
@@ -24,7 +28,9 @@ type pull struct {
 	lastProgress int64
 	blocks       []pullBlock
 	hint         int  // the block the last reply belonged to: most replies follow it
-	starved      bool // waits for the engine's pull budget
+	starved      bool // waits for the engine's pull budget (in engine.starved)
+	ended        bool
+	tm           timer // in the endpoint's timers while blocks are in flight
 }
 
 type pullBlock struct {
@@ -95,12 +101,12 @@ func (e *Endpoint) startPull(r *request, p *peer, rndvID, total uint32, now int6
 		lastProgress: now,
 		blocks:       make([]pullBlock, e.cfg.PullBlocks),
 	}
+	pl.tm = timer{slot: -1, pull: pl}
 	r.pull = pl
 	e.pulls[pl.id] = pl
 	p.pulls++
 	e.stats.Pulls++
 	e.requestBlocks(pl, now)
-	e.arm(p, now+p.rto)
 }
 
 // requestBlocks asks for new blocks while fewer than PullBlocks are in
@@ -123,7 +129,7 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		if g.pullFrames+frames > g.maxPullFrames && g.pullFrames > 0 {
 			if !pl.starved {
 				pl.starved = true
-				g.starved++
+				g.starved = append(g.starved, pl)
 			}
 			return
 		}
@@ -151,18 +157,36 @@ func (e *Endpoint) blockDone(b *pullBlock, now int64) {
 	}
 	b.active = false
 	g.pullFrames -= b.frames
-	if g.starved == 0 {
-		return
-	}
-	for _, ep := range g.epList {
-		for _, pl := range ep.pulls {
-			if pl.starved && g.pullFrames < g.maxPullFrames {
-				pl.starved = false
-				g.starved--
-				ep.requestBlocks(pl, now)
-			}
+	// The budget goes to waiting pulls taken at random: none is favoured,
+	// and the cost does not grow with their number. (First come, first
+	// served spread each pull's blocks further apart in time: in the
+	// many-clients experiment, blocks overtaken by later ones of their
+	// pull, and so asked for again, rose sixfold.)
+	for len(g.starved) > 0 && g.pullFrames < g.maxPullFrames {
+		i := rand.IntN(len(g.starved))
+		pl := g.unstarve(i)
+		// The wait was ours, not the peer's: it does not count towards
+		// giving up on the peer.
+		pl.lastProgress = max(pl.lastProgress, now)
+		pl.peer.ep.requestBlocks(pl, now)
+		if pl.starved {
+			break // the budget left is less than its next block
 		}
 	}
+}
+
+// unstarve takes the pull at index i out of the pulls waiting for budget
+// and returns it.
+//
+// +checklocks:g.mu
+func (g *engine) unstarve(i int) *pull {
+	pl := g.starved[i]
+	last := len(g.starved) - 1
+	g.starved[i] = g.starved[last]
+	g.starved[last] = nil
+	g.starved = g.starved[:last]
+	pl.starved = false
+	return pl
 }
 
 // sendPullReq asks for the missing frames of a block.
@@ -178,6 +202,7 @@ func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 	b.sentAt = now
+	e.armPull(pl, b.due(pl, int64(e.cfg.MaxRTO)))
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
 		mask: mask, frameBytes: pl.frameBytes}
@@ -348,7 +373,7 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 // silent peer; it returns when it next needs to run.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) pullTimers(id uint32, pl *pull, now int64) int64 {
+func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
 	if now-pl.lastProgress > int64(e.cfg.GiveUp) {
 		pl.peer.die(now)
 		return 0
@@ -375,9 +400,10 @@ func (e *Endpoint) pullTimers(id uint32, pl *pull, now int64) int64 {
 // +checklocks:e.eng.mu
 func (e *Endpoint) endPull(id uint32, pl *pull, code Code) {
 	delete(e.pulls, id)
+	pl.ended = true
+	e.timers.remove(&pl.tm)
 	if pl.starved {
-		pl.starved = false
-		e.eng.starved--
+		e.eng.unstarve(slices.Index(e.eng.starved, pl))
 	}
 	now := e.eng.clock.Now()
 	for i := range pl.blocks {

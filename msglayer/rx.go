@@ -228,6 +228,10 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 	} else if p.ackDue == 0 {
 		p.ackDue = now + int64(e.cfg.AckDelay)
 		e.arm(p, p.ackDue)
+		if !p.inAcksDue {
+			p.inAcksDue = true
+			e.acksDue = append(e.acksDue, p)
+		}
 	}
 }
 

@@ -1,0 +1,81 @@
+package msglayer
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// TestTimerHeapModel drives the timer heap with random schedules, removals
+// and runs, against a naive model: a map of armed timers to due times.
+func TestTimerHeapModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 200 {
+		var h timerHeap
+		timers := make([]*timer, 1+rng.IntN(40))
+		for i := range timers {
+			timers[i] = &timer{slot: -1}
+		}
+		model := map[*timer]int64{}
+		now := int64(0)
+		for step := range 400 {
+			tm := timers[rng.IntN(len(timers))]
+			switch op := rng.IntN(10); {
+			case op < 5:
+				at := now + 1 + rng.Int64N(100) // 0 means no timer
+				h.schedule(tm, at)
+				if old, ok := model[tm]; !ok || at < old {
+					model[tm] = at
+				}
+			case op < 7:
+				h.remove(tm)
+				delete(model, tm)
+			default:
+				now += rng.Int64N(30)
+				var popped []*timer
+				for p := h.popDue(now); p != nil; p = h.popDue(now) {
+					popped = append(popped, p)
+				}
+				last := int64(-1)
+				for _, p := range popped {
+					at, ok := model[p]
+					if !ok || at > now || p.at != at || p.armed() {
+						t.Fatalf("round %d step %d: popped a timer due at %d (model %d, %v) at %d", round, step, p.at, at, ok, now)
+					}
+					if p.at < last {
+						t.Fatalf("round %d step %d: popped out of order: %d after %d", round, step, p.at, last)
+					}
+					last = p.at
+					delete(model, p)
+				}
+				for m, at := range model {
+					if at <= now {
+						t.Fatalf("round %d step %d: a timer due at %d was not popped at %d", round, step, at, now)
+					}
+					if !m.armed() {
+						t.Fatalf("round %d step %d: an armed timer is not in the heap", round, step)
+					}
+				}
+			}
+			if len(h) != len(model) {
+				t.Fatalf("round %d step %d: heap holds %d timers, model %d", round, step, len(h), len(model))
+			}
+			for i, m := range h {
+				if m.slot != i {
+					t.Fatalf("round %d step %d: timer at %d says slot %d", round, step, i, m.slot)
+				}
+				if i > 0 && h[(i-1)/2].at > m.at {
+					t.Fatalf("round %d step %d: heap order broken at %d", round, step, i)
+				}
+			}
+			next := int64(0)
+			for _, at := range model {
+				if next == 0 || at < next {
+					next = at
+				}
+			}
+			if len(model) > 0 && h.next() != next {
+				t.Fatalf("round %d step %d: next %d, model %d", round, step, h.next(), next)
+			}
+		}
+	}
+}
