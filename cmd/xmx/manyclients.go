@@ -75,8 +75,9 @@ type mcConfig struct {
 	maxMsgs  int
 	startAt  time.Time // zero: start at once
 	drain    time.Duration
-	rndv     int // clients' RendezvousThreshold (0: msglayer's default)
-	unexp    int // server's UnexpectedBytes (0: msglayer's default)
+	rndv     int  // clients' RendezvousThreshold (0: msglayer's default)
+	umem     bool // clients send from buffers lent from the UMEM
+	unexp    int  // server's UnexpectedBytes (0: msglayer's default)
 	sample   time.Duration
 	// Protocol knobs for investigation (0: msglayer's defaults).
 	minRTO     time.Duration
@@ -142,6 +143,8 @@ estimate of the data they sent more than once.
 	unexp := fs.String("unexpected-bytes", "0", "server: msglayer UnexpectedBytes, the bound on unexpected eager data (0: its default, 8M)")
 	fs.DurationVar(&c.sample, "sample", 10*time.Millisecond, "server: period of the counter samples (peak unexpected bytes)")
 	fs.DurationVar(&c.minRTO, "min-rto", 0, "msglayer MinRTO, the floor of the retransmission and pull re-request timeouts (0: its default, 2ms)")
+	fs.BoolVar(&c.umem, "umem", false, "clients: send from buffers lent from the UMEM, one per endpoint")
+	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
 	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 16)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -181,6 +184,9 @@ estimate of the data they sent more than once.
 	if err != nil {
 		return nil, err
 	}
+	if c.ef.umemGather, err = parseGather(*umemGather); err != nil {
+		return nil, err
+	}
 	switch c.role {
 	case "server":
 		if c.duration == 0 {
@@ -192,7 +198,7 @@ estimate of the data they sent more than once.
 		if c.sample <= 0 {
 			return nil, bad("-sample %v: must be positive", c.sample)
 		}
-		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold"} {
+		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold", "umem", "umem-gather"} {
 			if set[f] {
 				return nil, bad("-%s is a clients flag (this is -role server)", f)
 			}
@@ -218,6 +224,16 @@ estimate of the data they sent more than once.
 		}
 		if c.drain <= 0 || c.drain > mcMaxDuration {
 			return nil, bad("-drain %v: want a positive duration up to %v", c.drain, mcMaxDuration)
+		}
+		if set["umem-gather"] && !c.umem {
+			return nil, bad("-umem-gather: only with -umem")
+		}
+		if c.umem {
+			// One buffer area per link, shared by the process's endpoints.
+			c.ef.umemBytes = c.clients * c.size
+			if c.ef.umemBytes > 1<<30 {
+				return nil, bad("-umem: -n %d buffers of -size %d: more than 1 GiB", c.clients, c.size)
+			}
 		}
 		if *startAt != "" {
 			s, e := strconv.ParseFloat(*startAt, 64)
@@ -275,6 +291,8 @@ func (c *mcConfig) mcOpen(id uint8) (*msglayer.Endpoint, error) {
 		UnexpectedBytes:     c.unexp,
 		MinRTO:              c.minRTO,
 		PullBlocks:          c.pullBlocks,
+		UMEMBufferBytes:     ef.umemBytes,
+		UMEMGather:          ef.umemGather,
 	})
 }
 
@@ -545,7 +563,8 @@ type mcClientsReport struct {
 	PeerMTU   int     `json:"peer_mtu"`
 	Size      int     `json:"size"`
 	Window    int     `json:"window"`
-	Rndv      bool    `json:"rendezvous"` // the messages go by rendezvous (size above the threshold)
+	Rndv      bool    `json:"rendezvous"`     // the messages go by rendezvous (size above the threshold)
+	UMEM      bool    `json:"umem,omitempty"` // sent from buffers lent from the UMEM (-umem)
 	DurationS float64 `json:"duration_s"`
 	// StartLateS is how late the sending started after -start-at (connects
 	// took longer), 0 without -start-at.
@@ -641,6 +660,7 @@ func mcClients(c *mcConfig) error {
 		Link: mcLinkOf(eps[0]), PeerMTU: eps[0].PeerMTU(server), Size: c.size, Window: c.window,
 		DurationS: c.duration.Seconds(), LatPerOctave: mcLatBuckets}
 	rep.Rndv = c.size > cmp.Or(c.rndv, mcDefaultRndv)
+	rep.UMEM = c.umem
 	if !c.startAt.IsZero() {
 		if wait := time.Until(c.startAt); wait > 0 {
 			time.Sleep(min(wait, mcMaxDuration))
@@ -665,7 +685,18 @@ func mcClients(c *mcConfig) error {
 // deadline (or c.maxMsgs), then waits up to c.drain for the rest.
 func mcRunClient(e *msglayer.Endpoint, server msglayer.Addr, c *mcConfig, deadline time.Time) mcClient {
 	out := mcClient{ep: e.Addr().EP}
-	buf := make([]byte, c.size)
+	var buf []byte
+	if c.umem {
+		lent, err := e.AllocBuffer(c.size)
+		if err != nil {
+			out.err = fmt.Errorf("-umem: %w", err)
+			return out
+		}
+		defer lent.Free()
+		buf = lent.Bytes()
+	} else {
+		buf = make([]byte, c.size)
+	}
 	for i := range buf {
 		buf[i] = byte(i)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
 )
 
 func TestManyClientsFlagErrors(t *testing.T) {
@@ -30,6 +32,10 @@ func TestManyClientsFlagErrors(t *testing.T) {
 		{[]string{"-role", "server", "-recvs", "0"}, "-recvs 0"},
 		{[]string{"-role", "server", "-e", "300"}, "-e 300"},
 		{[]string{"-role", "server", "extra"}, "unexpected arguments"},
+		{[]string{"-role", "server", "-umem"}, "-umem is a clients flag"},
+		{[]string{"-role", "clients", "-peer", "h1", "-umem-gather", "copy"}, "only with -umem"},
+		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-umem-gather", "some"}, `-umem-gather "some"`},
+		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-n", "255", "-size", "16M"}, "more than 1 GiB"},
 	} {
 		_, err := parseManyClients(tc.args, io.Discard)
 		if err == nil {
@@ -62,6 +68,13 @@ func TestManyClientsFlagDefaults(t *testing.T) {
 	}
 	if s.ef.ep != 0 || s.recvs != 16 || s.recvSize != 1<<20 || s.duration != 10*time.Minute {
 		t.Errorf("server: ep %d recvs %d size %d duration %v", s.ef.ep, s.recvs, s.recvSize, s.duration)
+	}
+	u, err := parseManyClients([]string{"-role", "clients", "-peer", "h1", "-n", "8", "-umem", "-umem-gather", "descriptors"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !u.umem || u.ef.umemBytes != 8*64<<10 || u.ef.umemGather != xdp.GatherDescriptors {
+		t.Errorf("-umem: umem %v, buffer area %d bytes, gather %v", u.umem, u.ef.umemBytes, u.ef.umemGather)
 	}
 	if _, err := parseManyClients([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)

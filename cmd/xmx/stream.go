@@ -51,7 +51,7 @@ second and the message rate.
 	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
 	umem := fs.Bool("umem", false, "client: send from a buffer lent from the UMEM (large messages leave without a CPU copy when the socket is in zero-copy mode)")
-	umemGather := fs.String("umem-gather", "auto", "with -umem: how the data leaves: auto (UMEM descriptors in zero-copy mode, else copied into the frames), descriptors (always UMEM descriptors, multi-buffer socket) or copy")
+	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
 	if err := ef.parse(fs, args); err != nil {
 		return err
 	}
@@ -71,14 +71,8 @@ second and the message rate.
 	}
 	if *umem && fs.NArg() > 0 {
 		ef.umemBytes = maxMsg
-		switch *umemGather {
-		case "auto":
-		case "descriptors":
-			ef.umemGather = xdp.GatherDescriptors
-		case "copy":
-			ef.umemGather = xdp.GatherCopy
-		default:
-			return fmt.Errorf("%w: -umem-gather %q: want auto, descriptors or copy", errUsage, *umemGather)
+		if ef.umemGather, err = parseGather(*umemGather); err != nil {
+			return err
 		}
 	}
 	e, err := ef.open()
@@ -183,4 +177,20 @@ func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, b
 		Size: size, Messages: sent, Window: window, Seconds: el,
 		MBps: float64(bytes) / el / 1e6, MsgRate: float64(msgs) / el, Received: msgs,
 	}, nil
+}
+
+// umemGatherHelp documents -umem-gather.
+const umemGatherHelp = "with -umem: how the data leaves: auto (UMEM descriptors in zero-copy mode, else copied into the frames), descriptors (always UMEM descriptors, multi-buffer socket) or copy"
+
+// parseGather reads a -umem-gather value.
+func parseGather(s string) (xdp.GatherMode, error) {
+	switch s {
+	case "auto":
+		return xdp.GatherAuto, nil
+	case "descriptors":
+		return xdp.GatherDescriptors, nil
+	case "copy":
+		return xdp.GatherCopy, nil
+	}
+	return 0, fmt.Errorf("%w: -umem-gather %q: want auto, descriptors or copy", errUsage, s)
 }
