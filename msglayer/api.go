@@ -83,7 +83,7 @@ func (e *Endpoint) sendConnect(r *request, now int64) {
 	putConnect(th, r.connKey, r.connID, g.mtu)
 	g.queue(b[:frameLen(tConnect, 0)], nil)
 	r.connNext = now + int64(e.cfg.ConnectRetry)
-	e.arm(nil, r.connNext)
+	e.armAt(r.connNext)
 }
 
 // connectTimers resends connects and times them out.

@@ -250,6 +250,7 @@ type Counters struct {
 	PullProbes              uint64 // pull blocks whose last missing frame was asked for again: their pull went quiet
 	PullReRequests          uint64 // pull blocks whose missing frames were asked for again: found lost (a later block or a probe came first)
 	PullRepliesLate         uint64 // pull data frames that arrived when no longer wanted (answers to a probe or re-request, duplicates)
+	PullBudgetWaits         uint64 // times a pull waited for the engine's pull budget (frames asked for and not arrived, shared by its endpoints)
 	EagerRefused            uint64 // eager messages refused for want of memory
 	EagerConverted          uint64 // our eager sends the receiver refused, resent as rendezvous
 	BadFrames               uint64 // frames that did not decode or named nothing here
@@ -447,8 +448,8 @@ func (e *Endpoint) Close() error {
 	}
 	e.connects = nil
 	// Pulls of peers already forgotten are not reached through e.peers.
-	for id, pl := range e.pulls {
-		e.endPull(id, pl, Closed)
+	for _, pl := range e.pulls {
+		e.endPull(pl, Closed)
 	}
 	g.eps[e.id] = nil
 	if i := slices.Index(g.epList, e); i >= 0 {
@@ -556,22 +557,12 @@ func (e *Endpoint) passAnyWake() {
 	}
 }
 
-// arm makes sure the endpoint's timers run at t or earlier for p.
+// arm makes timer t (a peer's or a pull's) due at at, or earlier if it is.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) arm(p *peer, t int64) {
-	if p != nil {
-		e.timers.schedule(&p.tm, t)
-	}
-	e.armAt(t)
-}
-
-// armPull makes pl's timer run at t at the latest.
-//
-// +checklocks:e.eng.mu
-func (e *Endpoint) armPull(pl *pull, t int64) {
-	e.timers.schedule(&pl.tm, t)
-	e.armAt(t)
+func (e *Endpoint) arm(t *timer, at int64) {
+	e.timers.schedule(t, at)
+	e.armAt(at)
 }
 
 // armAt makes the endpoint's timers run at t at the latest.
@@ -600,9 +591,9 @@ func (e *Endpoint) runTimers(now int64) {
 		case t.peer != nil:
 			next = t.peer.runTimers(now)
 		case !t.pull.ended: // not ended by a timer that ran before it
-			next = e.pullTimers(t.pull, now)
+			next = e.pullTimers(t.pull, now) // 0 if it ended the pull
 		}
-		if next != 0 && (t.pull == nil || !t.pull.ended) {
+		if next != 0 {
 			e.timers.schedule(t, next)
 		}
 	}

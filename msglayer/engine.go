@@ -294,7 +294,8 @@ func (g *engine) flushAndUnlock() {
 
 		// A failed send is like a lost frame: reliable frames are
 		// retransmitted, the others re-requested by their timers.
-		if g.gather != nil {
+		if g.lendsBuffers {
+			// Pull replies from a lent buffer may leave where the data lies.
 			g.txb.frames = g.txSending
 			g.gather.SendGather(len(g.txSending), &g.txb)
 			g.txb.frames = nil

@@ -1077,20 +1077,19 @@ func endpointInvariants(e *Endpoint) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	bytes, rndv, n := 0, 0, 0
-	bad := ""
-	e.match.eachUnexp(func(u *unexp) {
-		n++
-		if u.rndv {
-			rndv++
-		} else {
+	for c := range e.match.queues {
+		// Bounded: a corrupted (cyclic) list is reported, not walked forever.
+		for u := e.match.queues[c].unexpHead; u != nil && n <= e.match.nUnexp; u = u.next {
+			n++
+			if u.rndv {
+				rndv++
+				continue
+			}
 			bytes += int(u.msgLen)
 			if u.received > u.msgLen || len(u.data) != int(u.msgLen) {
-				bad = fmt.Sprintf("unexpected message of %d bytes holds %d, received %d", u.msgLen, len(u.data), u.received)
+				return fmt.Sprintf("unexpected message of %d bytes holds %d, received %d", u.msgLen, len(u.data), u.received)
 			}
 		}
-	})
-	if bad != "" {
-		return bad
 	}
 	if n != e.match.nUnexp {
 		return fmt.Sprintf("%d unexpected messages queued, nUnexp %d", n, e.match.nUnexp)

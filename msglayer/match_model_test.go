@@ -77,7 +77,7 @@ func FuzzMatcher(f *testing.F) {
 	f.Add([]byte{mopArrive, 1, mopArrive, 2, mopArrive, 1, mopPost, 0x0a, mopPost, 0x0a, mopPost, 0x0a, mopPost, 0x08})
 	f.Add([]byte{mopPost, 0x01, mopPost, 0x02, mopPost, 0x03, mopCancel, 1, mopCancel, 0, mopArrive, 3, mopCancel, 2, mopArrive, 1})
 	f.Add([]byte{mopArrive, 7, mopArrive, 6, mopTakeUnexp, 1, mopTakeUnexp, 0, mopPost, 0x38, mopArrive, 4, mopPost, 0x3c})
-	f.Add([]byte{0x05, 0, mopArrive, 1, mopArrive, 0x11, mopPost, 0x39, mopProbe, 0x0b, mopPost, 0x09})
+	f.Add([]byte{0x05, mopArrive, 1, mopArrive, 0x11, mopPost, 0x39, mopProbe, 0x0b, mopPost, 0x09})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var q matcher
 		var m matcherModel

@@ -140,9 +140,9 @@ func (p *peer) failAll(code Code) {
 			e.complete(r, code)
 		}
 	}
-	for id, pl := range e.pulls {
+	for _, pl := range e.pulls {
 		if pl.peer == p {
-			e.endPull(id, pl, code)
+			e.endPull(pl, code)
 		}
 	}
 	p.abandonIn(code)
@@ -280,7 +280,7 @@ func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, las
 	e.eng.queue(s.buf[:n], s)
 	e.stats.FramesOut++
 	e.stats.BytesOut += uint64(n)
-	e.arm(p, now+p.rto)
+	e.arm(&p.tm, now+p.rto)
 }
 
 // ackSent notes that a frame carrying the current ack is going out.

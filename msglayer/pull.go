@@ -3,7 +3,6 @@ package msglayer
 import (
 	"math/bits"
 	"math/rand/v2"
-	"slices"
 )
 
 // Rendezvous pulls. A large (or synchronous, or converted) message leaves
@@ -27,9 +26,9 @@ type pull struct {
 	got          uint32 // bytes received
 	lastProgress int64
 	blocks       []pullBlock
-	hint         int  // the block the last reply belonged to: most replies follow it
-	starved      bool // waits for the engine's pull budget (in engine.starved)
-	ended        bool
+	hint         int   // the block the last reply belonged to: most replies follow it
+	waiting      int   // its index in engine.starved while it waits for the pull budget, else -1
+	ended        bool  // endPull ran: its timer, if already taken out to run, stays idle
 	tm           timer // in the endpoint's timers while blocks are in flight
 }
 
@@ -102,11 +101,13 @@ func (e *Endpoint) startPull(r *request, p *peer, rndvID, total uint32, now int6
 		blocks:       make([]pullBlock, e.cfg.PullBlocks),
 	}
 	pl.tm = timer{slot: -1, pull: pl}
+	pl.waiting = -1
 	r.pull = pl
 	e.pulls[pl.id] = pl
 	p.pulls++
 	e.stats.Pulls++
 	e.requestBlocks(pl, now)
+	e.arm(&p.tm, now+p.rto) // the peer's keepalives while we pull from it
 }
 
 // requestBlocks asks for new blocks while fewer than PullBlocks are in
@@ -127,9 +128,10 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		// by all pulls of the engine: ask for no more than it can hold,
 		// or the ring overflows and the frames are asked for again.
 		if g.pullFrames+frames > g.maxPullFrames && g.pullFrames > 0 {
-			if !pl.starved {
-				pl.starved = true
+			if pl.waiting < 0 {
+				pl.waiting = len(g.starved)
 				g.starved = append(g.starved, pl)
+				e.stats.PullBudgetWaits++
 			}
 			return
 		}
@@ -163,30 +165,28 @@ func (e *Endpoint) blockDone(b *pullBlock, now int64) {
 	// many-clients experiment, blocks overtaken by later ones of their
 	// pull, and so asked for again, rose sixfold.)
 	for len(g.starved) > 0 && g.pullFrames < g.maxPullFrames {
-		i := rand.IntN(len(g.starved))
-		pl := g.unstarve(i)
+		pl := g.starved[rand.IntN(len(g.starved))]
+		g.unstarve(pl)
 		// The wait was ours, not the peer's: it does not count towards
 		// giving up on the peer.
 		pl.lastProgress = max(pl.lastProgress, now)
 		pl.peer.ep.requestBlocks(pl, now)
-		if pl.starved {
+		if pl.waiting >= 0 {
 			break // the budget left is less than its next block
 		}
 	}
 }
 
-// unstarve takes the pull at index i out of the pulls waiting for budget
-// and returns it.
+// unstarve takes pl out of the pulls waiting for budget.
 //
 // +checklocks:g.mu
-func (g *engine) unstarve(i int) *pull {
-	pl := g.starved[i]
-	last := len(g.starved) - 1
-	g.starved[i] = g.starved[last]
+func (g *engine) unstarve(pl *pull) {
+	i, last := pl.waiting, len(g.starved)-1
+	moved := g.starved[last]
+	g.starved[i], moved.waiting = moved, i
 	g.starved[last] = nil
 	g.starved = g.starved[:last]
-	pl.starved = false
-	return pl
+	pl.waiting = -1
 }
 
 // sendPullReq asks for the missing frames of a block.
@@ -202,7 +202,7 @@ func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 	b.sentAt = now
-	e.armPull(pl, b.due(pl, int64(e.cfg.MaxRTO)))
+	e.arm(&pl.tm, b.due(pl, int64(e.cfg.MaxRTO)))
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
 		mask: mask, frameBytes: pl.frameBytes}
@@ -269,7 +269,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			// link's memory.
 			job := g.queuePullReply(src, int(off), n)
 			ph.put(putHeader(job.hdr[:], p.addr.MAC[:], g.mac[:], g.ethType, &h))
-			if src.zbuf != nil && g.gather != nil {
+			if src.zbuf != nil { // zbuf: the engine lends buffers, so the gather path sends it
 				e.stats.GatheredReplies++
 			}
 		} else {
@@ -330,7 +330,7 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			if err != nil {
 				e.stats.RegionRefused++
 				e.sendNotify(p, pl.rndvID, 0, BadRegion, now)
-				e.endPull(pl.id, pl, BadRegion)
+				e.endPull(pl, BadRegion)
 				return
 			}
 			copy(mem, payload[:n])
@@ -363,7 +363,7 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 				e.sendNotify(p, pl.rndvID, pl.total, Success, now)
 			}
 			pl.r.status.XferLen = int(pl.total)
-			e.endPull(pl.id, pl, Success)
+			e.endPull(pl, Success)
 		}
 		return
 	}
@@ -398,12 +398,12 @@ func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
 // endPull finishes a pull and its receive with code.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) endPull(id uint32, pl *pull, code Code) {
-	delete(e.pulls, id)
+func (e *Endpoint) endPull(pl *pull, code Code) {
+	delete(e.pulls, pl.id)
 	pl.ended = true
 	e.timers.remove(&pl.tm)
-	if pl.starved {
-		e.eng.unstarve(slices.Index(e.eng.starved, pl))
+	if pl.waiting >= 0 {
+		e.eng.unstarve(pl)
 	}
 	now := e.eng.clock.Now()
 	for i := range pl.blocks {

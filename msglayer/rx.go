@@ -227,7 +227,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		p.sendAck()
 	} else if p.ackDue == 0 {
 		p.ackDue = now + int64(e.cfg.AckDelay)
-		e.arm(p, p.ackDue)
+		e.arm(&p.tm, p.ackDue)
 		if !p.inAcksDue {
 			p.inAcksDue = true
 			e.acksDue = append(e.acksDue, p)
@@ -537,14 +537,14 @@ func (e *Endpoint) onNack(p *peer, th []byte, now int64) {
 			e.convert(p, s.req, seq, now)
 		}
 	case nackBadRndv:
-		for id, pl := range e.pulls {
+		for _, pl := range e.pulls {
 			if pl.peer == p && pl.rndvID == seq {
-				e.endPull(id, pl, Aborted)
+				e.endPull(pl, Aborted)
 			}
 		}
 	case nackBadRegion:
 		if pl := e.pulls[seq]; pl != nil && pl.peer == p {
-			e.endPull(seq, pl, BadRegion)
+			e.endPull(pl, BadRegion)
 		}
 	}
 }

@@ -106,20 +106,7 @@ func (l *AFXDPLink) bufCompleted(addr uint64) {
 //
 // +checklocks:l.txMu
 func (l *AFXDPLink) queueTail(s Span) {
-	addr := s.Buf.addr + uint64(s.Off)
-	left := uint64(s.Len)
-	for left > 0 {
-		n := min(left, l.frameSize-addr&(l.frameSize-1))
-		left -= n
-		var opts uint32
-		if left > 0 {
-			opts = unix.XDP_PKT_CONTD
-		}
-		l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: addr, Len: uint32(n), Options: opts}
-		l.tx.cachedProd++
-		s.Buf.inflight++
-		addr += n
-	}
+	s.Buf.inflight += l.queueDescs(s.Buf.addr+uint64(s.Off), uint64(s.Len), false)
 }
 
 // SendGather implements BufferLink.

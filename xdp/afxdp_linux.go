@@ -46,7 +46,7 @@ type AFXDPConfig struct {
 	Queue     int    // the receive queue the socket binds to
 	EtherType uint16 // steered to the socket; 0 → DefaultEtherType
 
-	// FrameSize is the size of one UMEM frame: 2048 or 4096 (0 → 4096).
+	// FrameSize is the size of one UMEM frame: 2048 or 4096 (0 → DefaultFrameSize).
 	// A received frame fits in FrameSize minus 256 bytes of XDP headroom, a
 	// sent one in FrameSize; a longer frame (MTU+14 > FrameSize-256) needs
 	// multi-buffer (see MultiBuffer), which the link then uses by itself.
@@ -240,7 +240,7 @@ const xdpHeadroom = unix.XDP_PACKET_HEADROOM
 // caller that switched namespaces must keep its OS thread locked.
 func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if cfg.FrameSize == 0 {
-		cfg.FrameSize = 4096
+		cfg.FrameSize = DefaultFrameSize
 	}
 	if cfg.NumFrames == 0 {
 		cfg.NumFrames = 4096
@@ -782,23 +782,35 @@ func (l *AFXDPLink) queueFrame(f []byte) {
 // +checklocks:l.txMu
 func (l *AFXDPLink) queueSlot(base uint64, size int, more bool) {
 	l.txFree = l.txFree[:len(l.txFree)-1]
-	fs := int(l.frameSize)
-	nd := 0
-	for off := 0; ; off += fs {
-		end := min(off+fs, size)
-		var opts uint32
-		if end < size || more {
-			opts = unix.XDP_PKT_CONTD
-		}
-		l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: base + uint64(off), Len: uint32(end - off), Options: opts}
-		l.tx.cachedProd++
-		nd++
-		if end == size {
-			break
-		}
-	}
+	nd := l.queueDescs(base, uint64(size), more)
 	if l.txPending != nil {
 		l.txPending[(base-l.txBase)/l.txSlot] = uint8(nd)
+	}
+}
+
+// queueDescs produces the descriptors of n bytes of the UMEM at addr (not
+// yet submitted), one per UMEM frame they touch and at least one,
+// XDP_PKT_CONTD on all but the last, and on the last too if more
+// descriptors follow. It returns how many it produced. The caller secured
+// the TX ring entries.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) queueDescs(addr, n uint64, more bool) int {
+	nd := 0
+	for {
+		k := min(n, l.frameSize-addr&(l.frameSize-1))
+		n -= k
+		var opts uint32
+		if n > 0 || more {
+			opts = unix.XDP_PKT_CONTD
+		}
+		l.tx.descs[l.tx.cachedProd&l.tx.mask] = unix.XDPDesc{Addr: addr, Len: uint32(k), Options: opts}
+		l.tx.cachedProd++
+		nd++
+		addr += k
+		if n == 0 {
+			return nd
+		}
 	}
 }
 
@@ -985,11 +997,13 @@ func (l *AFXDPLink) Close() error {
 	note("unmap TX ring", l.tx.unmap())
 	note("unmap completion ring", l.comp.unmap())
 	l.txFree = nil
-	// Lent buffers keep the UMEM mapped until the last is freed.
-	l.umemKept = l.bufLive > 0
+	// Lent buffers keep the UMEM mapped until the last is freed (which
+	// may happen as soon as txMu is released: look at kept, not umemKept).
+	kept := l.bufLive > 0
+	l.umemKept = kept
 	l.txMu.Unlock()
 	note("close socket", unix.Close(l.fd))
-	if !l.umemKept {
+	if !kept {
 		note("unmap UMEM", unix.Munmap(l.umem))
 	}
 	note("close eventfd", unix.Close(l.efd))

@@ -22,6 +22,10 @@ import (
 // otherwise (0x88B5 is reserved by IEEE 802 for local experimental use).
 const DefaultEtherType = 0x88B5
 
+// DefaultFrameSize is the size of an AF_XDP link's UMEM frames unless
+// AFXDPConfig.FrameSize says otherwise; a lent buffer takes whole frames.
+const DefaultFrameSize = 4096
+
 // EthHeaderLen is the length of an Ethernet header without VLAN tags.
 const EthHeaderLen = 14
 

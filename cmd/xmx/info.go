@@ -30,30 +30,29 @@ type infoDoc struct {
 // ifaceJSON is an interface in the -json document. The XDP abilities are
 // null when the kernel does not report XDP features.
 type ifaceJSON struct {
-	Name             string        `json:"name"`
-	Index            int           `json:"index"`
-	MAC              string        `json:"mac"`
-	MTU              int           `json:"mtu"`
-	Kind             string        `json:"kind,omitempty"`
-	Flags            string        `json:"flags"`
-	Up               bool          `json:"up"`
-	OperState        string        `json:"oper_state"`
-	Driver           string        `json:"driver"`
-	DriverVersion    string        `json:"driver_version,omitempty"`
-	FirmwareVersion  string        `json:"firmware_version,omitempty"`
-	BusInfo          string        `json:"bus_info,omitempty"`
-	RxQueues         int           `json:"rx_queues"`
-	TxQueues         int           `json:"tx_queues"`
-	QueuesFrom       string        `json:"queues_from"`
-	XDPFeatures      []string      `json:"xdp_features"` // null when unknown
-	XDPFeaturesWhy   string        `json:"xdp_features_why,omitempty"`
-	XDPZeroCopySegs  int           `json:"xdp_zc_max_segs,omitempty"`
-	NativeXDP        *bool         `json:"native_xdp"`
-	GenericXDP       bool          `json:"generic_xdp"`
-	ZeroCopy         *bool         `json:"zerocopy"`
-	MultiBuffer      *bool         `json:"multibuffer"`
-	XDPProgs         []xdp.XDPProg `json:"xdp_progs"`
-	xdpFeaturesKnown bool
+	Name            string        `json:"name"`
+	Index           int           `json:"index"`
+	MAC             string        `json:"mac"`
+	MTU             int           `json:"mtu"`
+	Kind            string        `json:"kind,omitempty"`
+	Flags           string        `json:"flags"`
+	Up              bool          `json:"up"`
+	OperState       string        `json:"oper_state"`
+	Driver          string        `json:"driver"`
+	DriverVersion   string        `json:"driver_version,omitempty"`
+	FirmwareVersion string        `json:"firmware_version,omitempty"`
+	BusInfo         string        `json:"bus_info,omitempty"`
+	RxQueues        int           `json:"rx_queues"`
+	TxQueues        int           `json:"tx_queues"`
+	QueuesFrom      string        `json:"queues_from"`
+	XDPFeatures     []string      `json:"xdp_features"` // null when unknown
+	XDPFeaturesWhy  string        `json:"xdp_features_why,omitempty"`
+	XDPZeroCopySegs int           `json:"xdp_zc_max_segs,omitempty"`
+	NativeXDP       *bool         `json:"native_xdp"`
+	GenericXDP      bool          `json:"generic_xdp"`
+	ZeroCopy        *bool         `json:"zerocopy"`
+	MultiBuffer     *bool         `json:"multibuffer"`
+	XDPProgs        []xdp.XDPProg `json:"xdp_progs"`
 }
 
 func toJSON(ii xdp.IfaceInfo) ifaceJSON {
@@ -63,7 +62,7 @@ func toJSON(ii xdp.IfaceInfo) ifaceJSON {
 		Driver: ii.Driver, DriverVersion: ii.DriverVersion, FirmwareVersion: ii.FirmwareVersion, BusInfo: ii.BusInfo,
 		RxQueues: ii.RxQueues, TxQueues: ii.TxQueues, QueuesFrom: ii.QueuesFrom,
 		XDPFeaturesWhy: ii.XDPFeaturesWhy, XDPZeroCopySegs: ii.XDPZeroCopyMaxSegs,
-		GenericXDP: ii.GenericXDP(), XDPProgs: ii.XDPProgs, xdpFeaturesKnown: ii.XDPFeaturesKnown,
+		GenericXDP: ii.GenericXDP(), XDPProgs: ii.XDPProgs,
 	}
 	if j.XDPProgs == nil {
 		j.XDPProgs = []xdp.XDPProg{}

@@ -184,9 +184,6 @@ estimate of the data they sent more than once.
 	if err != nil {
 		return nil, err
 	}
-	if c.ef.umemGather, err = parseGather(*umemGather); err != nil {
-		return nil, err
-	}
 	switch c.role {
 	case "server":
 		if c.duration == 0 {
@@ -225,12 +222,13 @@ estimate of the data they sent more than once.
 		if c.drain <= 0 || c.drain > mcMaxDuration {
 			return nil, bad("-drain %v: want a positive duration up to %v", c.drain, mcMaxDuration)
 		}
-		if set["umem-gather"] && !c.umem {
-			return nil, bad("-umem-gather: only with -umem")
+		if c.ef.umemGather, err = umemGatherFlag(fs, c.umem, *umemGather); err != nil {
+			return nil, err
 		}
 		if c.umem {
-			// One buffer area per link, shared by the process's endpoints.
-			c.ef.umemBytes = c.clients * c.size
+			// One buffer area per link, shared by the process's endpoints;
+			// each buffer takes whole UMEM frames.
+			c.ef.umemBytes = c.clients * ((c.size + xdp.DefaultFrameSize - 1) / xdp.DefaultFrameSize * xdp.DefaultFrameSize)
 			if c.ef.umemBytes > 1<<30 {
 				return nil, bad("-umem: -n %d buffers of -size %d: more than 1 GiB", c.clients, c.size)
 			}

@@ -76,6 +76,14 @@ func TestManyClientsFlagDefaults(t *testing.T) {
 	if !u.umem || u.ef.umemBytes != 8*64<<10 || u.ef.umemGather != xdp.GatherDescriptors {
 		t.Errorf("-umem: umem %v, buffer area %d bytes, gather %v", u.umem, u.ef.umemBytes, u.ef.umemGather)
 	}
+	// Each lent buffer takes whole UMEM frames.
+	u, err = parseManyClients([]string{"-role", "clients", "-peer", "h1", "-n", "128", "-size", "1000", "-umem"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 128 * xdp.DefaultFrameSize; u.ef.umemBytes != want {
+		t.Errorf("-umem -n 128 -size 1000: buffer area %d bytes, want %d", u.ef.umemBytes, want)
+	}
 	if _, err := parseManyClients([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
 	}

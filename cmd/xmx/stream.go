@@ -69,11 +69,12 @@ second and the message rate.
 	for _, s := range list {
 		maxMsg = max(maxMsg, s)
 	}
+	gather, err := umemGatherFlag(fs, *umem, *umemGather)
+	if err != nil {
+		return err
+	}
 	if *umem && fs.NArg() > 0 {
-		ef.umemBytes = maxMsg
-		if ef.umemGather, err = parseGather(*umemGather); err != nil {
-			return err
-		}
+		ef.umemBytes, ef.umemGather = maxMsg, gather
 	}
 	e, err := ef.open()
 	if err != nil {
@@ -182,9 +183,15 @@ func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, b
 // umemGatherHelp documents -umem-gather.
 const umemGatherHelp = "with -umem: how the data leaves: auto (UMEM descriptors in zero-copy mode, else copied into the frames), descriptors (always UMEM descriptors, multi-buffer socket) or copy"
 
-// parseGather reads a -umem-gather value.
-func parseGather(s string) (xdp.GatherMode, error) {
-	switch s {
+// umemGatherFlag reads -umem-gather (value), a flag of fs that only goes
+// with -umem.
+func umemGatherFlag(fs *flag.FlagSet, umem bool, value string) (xdp.GatherMode, error) {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "umem-gather" })
+	if given && !umem {
+		return 0, fmt.Errorf("%w: -umem-gather: only with -umem", errUsage)
+	}
+	switch value {
 	case "auto":
 		return xdp.GatherAuto, nil
 	case "descriptors":
@@ -192,5 +199,5 @@ func parseGather(s string) (xdp.GatherMode, error) {
 	case "copy":
 		return xdp.GatherCopy, nil
 	}
-	return 0, fmt.Errorf("%w: -umem-gather %q: want auto, descriptors or copy", errUsage, s)
+	return 0, fmt.Errorf("%w: -umem-gather %q: want auto, descriptors or copy", errUsage, value)
 }

@@ -51,6 +51,8 @@ func TestArgErrors(t *testing.T) {
 		{runPingPong, []string{"a", "b"}, "PEER"},
 		{runStream, []string{"-window", "0"}, "-window"},
 		{runStream, []string{"-time", "0s"}, "-time"},
+		{runStream, []string{"-umem-gather", "copy"}, "only with -umem"},
+		{runStream, []string{"-umem", "-umem-gather", "some"}, `-umem-gather "some"`},
 		{runLinkBench, []string{"-rounds", "0"}, "-rounds"},
 		{runLinkBench, []string{"-systems", "nope"}, "nope"},
 		{runRegBench, []string{"-time", "0s"}, "-time"},
