@@ -436,6 +436,10 @@ func (e *Endpoint) Close() error {
 		return nil
 	}
 	e.closed = true
+	// Acks owed are sent now: a peer whose last message we took (a
+	// goodbye, say) learns it arrived instead of retransmitting into a
+	// closed endpoint until its send gives up.
+	e.flushAcks()
 	for _, p := range e.peers {
 		p.failAll(Closed)
 	}
@@ -455,7 +459,7 @@ func (e *Endpoint) Close() error {
 	if i := slices.Index(g.epList, e); i >= 0 {
 		g.epList = slices.Delete(g.epList, i, i+1)
 	}
-	g.mu.Unlock()
+	g.flushAndUnlock()
 	g.signal()
 	err := errors.Join(e.cache.Close(), e.reg.Close())
 	return errors.Join(err, releaseEngine(g))

@@ -625,3 +625,30 @@ func TestProbeWhileAnotherDrives(t *testing.T) {
 		t.Fatal("Probe did not see the message while another goroutine drove the link")
 	}
 }
+
+// TestCloseSendsOwedAcks: an endpoint that took a message and closes
+// before its delayed ack was due acks it on Close, so the sender's send
+// completes instead of retransmitting into a closed endpoint until it
+// gives up (a client saying goodbye to a server that exits on it).
+func TestCloseSendsOwedAcks(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{AckDelay: time.Hour, AckEvery: 64})
+	ctx := ctxFor(t, 10*time.Second)
+	r, _ := b.Irecv(0, 0, nil, nil)
+	s, err := a.Isend(b.Addr(), 1, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.Wait(ctx, s); err != nil {
+		t.Fatalf("send to an endpoint that took it and closed: %+v, %v", st, err)
+	}
+	if got := b.Counters().AcksOut; got == 0 {
+		t.Fatal("Close sent no ack")
+	}
+}

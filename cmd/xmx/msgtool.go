@@ -239,15 +239,18 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 		if errors.Is(err, context.Canceled) {
 			return nil
 		}
+		i, isRecv := st.Context.(int)
+		if isRecv && st.Code == msglayer.Cancelled {
+			continue // a receive grow took back
+		}
 		if err != nil && st.Code != msglayer.Truncated {
 			if st.Context == nil {
 				return err
 			}
 			fmt.Fprintf(log, "xmx server: %v\n", err)
 		}
-		i, isRecv := st.Context.(int)
-		if !isRecv || st.Code == msglayer.Cancelled {
-			continue // a send of ours, or a receive grow took back
+		if !isRecv {
+			continue // a send of ours
 		}
 		kind, data := st.Match>>kindShift, bufs[i][:st.XferLen]
 		switch kind {
