@@ -320,6 +320,7 @@ func (g *engine) flushAndUnlock() {
 
 		g.mu.Lock()
 		repump := false
+		var now int64
 		for i := range g.txSending {
 			e := &g.txSending[i]
 			switch {
@@ -328,6 +329,12 @@ func (g *engine) flushAndUnlock() {
 				if e.slot.pending == 0 {
 					repump = true
 					g.releaseSlot(e.slot) // if it was acked while being sent
+					if r := e.slot.req; r != nil && r.convertWanted {
+						if now == 0 {
+							now = g.clock.Now()
+						}
+						g.convertSent(e.slot, now)
+					}
 				}
 			case e.job.r != nil:
 				g.unpin(e.job.r) // e.buf, if set, is one of txScratch
@@ -338,7 +345,6 @@ func (g *engine) flushAndUnlock() {
 		clear(g.txSending)
 		if repump {
 			// Messages may have waited for a slot still being sent.
-			var now int64
 			for _, e := range g.epList {
 				if e.blockedOnSlot {
 					if now == 0 {

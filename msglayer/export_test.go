@@ -1,6 +1,9 @@
 package msglayer
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // DebugPeer describes the endpoint's reliable channel to a, for test
 // failure messages.
@@ -63,4 +66,15 @@ func (e *Endpoint) DebugPullBudget() (frames, starved int) {
 	e.eng.mu.Lock()
 	defer e.eng.mu.Unlock()
 	return e.eng.pullFrames, len(e.eng.starved)
+}
+
+// DebugPullTimeout returns how long a pull block from a may go without a
+// frame before it is probed (before backoff).
+func (e *Endpoint) DebugPullTimeout(a Addr) time.Duration {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	if p := e.peers[a]; p != nil {
+		return time.Duration(p.pullTimeout())
+	}
+	return 0
 }

@@ -174,3 +174,43 @@ func TestPullBudgetShared(t *testing.T) {
 		t.Errorf("%d pulls, want %d", c.Pulls, n)
 	}
 }
+
+// TestPullTimeoutUnderLoss pulls a stream of large messages over a link
+// that loses 5 % of its frames. A block that lost a frame waits for its
+// probe, so timing it would grow the pull timeout with every loss until
+// each loss cost MaxRTO (the estimate once ran away to 700 ms here). It
+// must stay near the time of a block that lost nothing.
+func TestPullTimeoutUnderLoss(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{Loss: 0.05, Seed: 5})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 60*time.Second)
+	const n, size = 30, 256 << 10
+	buf := make([]byte, size)
+	var worst time.Duration
+	for i := range n {
+		r, err := b.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, size)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Wait(ctx, r); err != nil {
+			t.Fatalf("receive %d: %v", i, err)
+		}
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+		checkMessage(t, buf, i, size)
+		worst = max(worst, b.DebugPullTimeout(a.Addr()))
+	}
+	c := b.Counters()
+	t.Logf("worst pull timeout %v; %d probes, %d re-requests", worst, c.PullProbes, c.PullReRequests)
+	if c.PullProbes+c.PullReRequests == 0 {
+		t.Fatal("no frame was asked for again: the test did not exercise loss")
+	}
+	if limit := 250 * time.Millisecond / 5; worst > limit {
+		t.Errorf("pull timeout grew to %v under 5 %% loss (MaxRTO 250ms), want at most %v", worst, limit)
+	}
+}

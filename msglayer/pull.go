@@ -348,12 +348,15 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			e.sendPullReq(pl, b, now)
 		}
 		if b.want == 0 {
-			// Timed from the first request even when the block was asked
-			// for again: at worst an overestimate. Most re-requests turn
-			// out needless (the first replies come: PullRepliesLate), and
-			// leaving their blocks out (Karn's rule) would keep the
-			// estimate low exactly when the sender is slow.
-			p.pullSample(now - b.firstSent)
+			// Karn's rule: a block asked for again is not timed. Its time
+			// includes the wait for its probe, and once frames are lost
+			// every sample would grow the timeout that the next loss
+			// waits for, up to MaxRTO per loss. A probe that was not
+			// needed (the sender was only slow) costs one frame, and the
+			// block's backoff keeps it from repeating.
+			if b.retries == 0 {
+				p.pullSample(now - b.firstSent)
+			}
 			e.reRequestOvertaken(pl, b, now)
 			e.blockDone(b, now)
 			e.requestBlocks(pl, now)

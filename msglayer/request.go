@@ -56,6 +56,12 @@ type request struct {
 	buffered bool   // the user's buffer is no longer needed
 	sprev    *request
 	snext    *request // peer's send queue (waiting for window space)
+	// An eager message the receiver refused while some of its frames
+	// were still being handed to the link: converted to rendezvous once
+	// the last of them is back (convertSent). convertFirst is its first
+	// frame.
+	convertWanted bool
+	convertFirst  uint32
 	// txRefs counts pull replies queued to be built from this send's data;
 	// while it is above 0 the data must stay, so a completion waits
 	// (completeLater, laterCode) until the last one is sent.

@@ -558,11 +558,14 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 	w := uint32(len(p.win))
 	for seq := first; seq != p.nextSeq; seq++ {
 		if s := &p.win[seq%w]; s.req == r && s.pending > 0 {
-			// A frame is on its way to the link: rewrite it later (the
-			// receiver nacks the retransmission again).
+			// A frame is on its way to the link: its buffer cannot be
+			// rewritten yet. The flush that hands it over converts the
+			// message (convertSent).
+			r.convertWanted, r.convertFirst = true, first
 			return
 		}
 	}
+	r.convertWanted = false
 	e.stats.EagerConverted++
 	buf := make([]byte, r.length)
 	for seq := first; seq != p.nextSeq; seq++ {
@@ -606,6 +609,24 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 		s.last = seq == first
 	}
 	p.retransmit(&p.win[first%w], now)
+}
+
+// convertSent converts the refused eager message whose frame s the link
+// has just taken back, once none of its frames is on its way any more.
+//
+// +checklocks:g.mu
+func (g *engine) convertSent(s *txSlot, now int64) {
+	r := s.req
+	if !s.used || !r.convertWanted {
+		return
+	}
+	p, first := r.peer, r.convertFirst
+	f := &p.win[first%uint32(len(p.win))]
+	if f.used && f.seq == first && f.first && f.req == r && r.kind == kindSend && !r.rndv {
+		p.ep.convert(p, r, first, now)
+	} else {
+		r.convertWanted = false // acked or gone meanwhile
+	}
 }
 
 // negotiateMTU is the MTU of frames to a peer: the smaller of ours and its
