@@ -29,8 +29,11 @@ type peer struct {
 	// Pull blocks: smoothed time from request to last frame (ns; 0 before
 	// the first block), which includes the wait behind other blocks.
 	pullSRTT, pullVar int64
-	lastHeard         int64 // last frame from the peer
-	retx              uint64
+	// probed: the last block that completed after probes and no frame
+	// found lost, timed only if its probes turn out needless (onPullReply).
+	probed    probedBlock
+	lastHeard int64 // last frame from the peer
+	retx      uint64
 
 	// Receive side.
 	expected   uint32 // next in-order sequence number
@@ -110,6 +113,7 @@ func (p *peer) reset(code Code) {
 	p.in = inMsg{}
 	p.srtt, p.rttvar, p.rto = 0, 0, int64(e.cfg.InitialRTO)
 	p.pullSRTT, p.pullVar = 0, 0
+	p.probed = probedBlock{}
 	p.dead = false
 }
 

@@ -89,6 +89,15 @@ func TestPullProbeLateSender(t *testing.T) {
 	if c.PullReRequests != 0 || c.PullRepliesLate > c.PullProbes {
 		t.Errorf("%d re-requests, %d late replies for %d probes: the late sender's blocks were asked for again", c.PullReRequests, c.PullRepliesLate, c.PullProbes)
 	}
+	// The probes were needless: once their answers came (after the
+	// blocks' own frames), the blocks' time counts as the sender's, and
+	// the next pull waits longer before probing.
+	for deadline := time.Now().Add(5 * time.Second); b.Counters().PullRepliesLate < c.PullProbes && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	if got := b.DebugPullTimeout(a.Addr()); got < hl.hold/2 {
+		t.Errorf("pull timeout %v after blocks that took %v and lost nothing (%+v)", got, hl.hold, b.Counters())
+	}
 }
 
 // TestPullProbeFindsLoss checks that frames lost from a block's middle and
@@ -178,11 +187,13 @@ func TestPullBudgetShared(t *testing.T) {
 // TestPullTimeoutUnderLoss pulls a stream of large messages over a link
 // that loses 5 % of its frames. A block that lost a frame waits for its
 // probe, so timing it would grow the pull timeout with every loss until
-// each loss cost MaxRTO (the estimate once ran away to 700 ms here). It
+// each loss cost MaxRTO (the estimate once ran away past 1 s here, with
+// MaxRTO at its default of 250 ms). It
 // must stay near the time of a block that lost nothing.
 func TestPullTimeoutUnderLoss(t *testing.T) {
 	w := memWorld(t, xdp.MemConfig{Loss: 0.05, Seed: 5})
-	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	const maxRTO = 2 * time.Second // room for a runaway to show
+	a, b := w.pair(t, msglayer.Config{MaxRTO: maxRTO}, msglayer.Config{MaxRTO: maxRTO})
 	ctx := ctxFor(t, 60*time.Second)
 	const n, size = 30, 256 << 10
 	buf := make([]byte, size)
@@ -206,11 +217,15 @@ func TestPullTimeoutUnderLoss(t *testing.T) {
 		worst = max(worst, b.DebugPullTimeout(a.Addr()))
 	}
 	c := b.Counters()
-	t.Logf("worst pull timeout %v; %d probes, %d re-requests", worst, c.PullProbes, c.PullReRequests)
+	last := b.DebugPullTimeout(a.Addr())
+	t.Logf("pull timeout at the end %v, at worst %v; %d probes, %d re-requests", last, worst, c.PullProbes, c.PullReRequests)
 	if c.PullProbes+c.PullReRequests == 0 {
 		t.Fatal("no frame was asked for again: the test did not exercise loss")
 	}
-	if limit := 250 * time.Millisecond / 5; worst > limit {
-		t.Errorf("pull timeout grew to %v under 5 %% loss (MaxRTO 250ms), want at most %v", worst, limit)
+	// A slow moment of the machine (the sender's goroutine not running)
+	// lengthens blocks for real, and the estimate follows it; only a
+	// timeout fed by the losses themselves stays up at the end.
+	if limit := maxRTO / 4; last > limit {
+		t.Errorf("pull timeout %v after 30 pulls at 5 %% loss, want at most %v", last, limit)
 	}
 }

@@ -41,6 +41,18 @@ type pullBlock struct {
 	firstSent      int64  // first request
 	retries        int
 	probe          uint32 // the frame a probe asked for again, until it comes
+	lost           bool   // frames of the block were found lost and asked for again
+}
+
+// probedBlock is a block that completed after probes of one frame and
+// no frame found lost. Its time counts only if the probes were needless:
+// the sender was slow, not lossy, and the probed frame comes once more
+// for each probe. (Had the first copy been lost, one fewer would come.)
+type probedBlock struct {
+	pullID uint32
+	offset uint32 // of the probed frame
+	copies int    // copies of it still to come
+	took   int64
 }
 
 // due is when the block is probed by its timer: when the pull has gone
@@ -64,6 +76,7 @@ func (e *Endpoint) reRequestOvertaken(pl *pull, done *pullBlock, now int64) {
 		b := &pl.blocks[i]
 		if b.active && b != done && b.sentAt < done.sentAt && b.want != 0 {
 			b.retries++
+			b.lost = true
 			e.stats.PullReRequests++
 			e.sendPullReq(pl, b, now)
 		}
@@ -143,6 +156,8 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		b.frames = frames
 		b.want = uint32(uint64(1)<<frames - 1)
 		b.retries = 0
+		b.lost = false
+		b.probe = 0
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
 	}
@@ -301,6 +316,14 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 	var ph pullReplyHdr
 	ph.decode(th)
+	if c := &p.probed; c.copies > 0 && c.pullID == ph.pullID && c.offset == ph.offset {
+		c.copies--
+		if c.copies == 0 {
+			// Every probe was answered after the frame itself came: they
+			// were needless, and the block's time was the sender's.
+			p.pullSample(c.took)
+		}
+	}
 	pl := e.pulls[ph.pullID]
 	if pl == nil || pl.peer != p || ph.offset >= pl.total {
 		e.stats.PullRepliesLate++ // the pull ended: a re-request was not needed
@@ -344,18 +367,24 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		if bit == b.probe && b.want != 0 {
 			// The probed frame came, and frames asked for before it did
 			// not: they were lost.
+			b.lost = true
 			e.stats.PullReRequests++
 			e.sendPullReq(pl, b, now)
 		}
 		if b.want == 0 {
-			// Karn's rule: a block asked for again is not timed. Its time
-			// includes the wait for its probe, and once frames are lost
-			// every sample would grow the timeout that the next loss
-			// waits for, up to MaxRTO per loss. A probe that was not
-			// needed (the sender was only slow) costs one frame, and the
-			// block's backoff keeps it from repeating.
-			if b.retries == 0 {
+			// A block asked for again is timed only when it proves to
+			// have lost nothing. A block that lost frames waited for its
+			// probe: timing it would grow the timeout the next loss waits
+			// for with every loss, up to MaxRTO per loss. A block that
+			// was probed and completed without a frame found lost either
+			// lost only the probed frame, or had a slow sender: the
+			// probed frame's later copies tell which (probedBlock).
+			switch {
+			case b.retries == 0:
 				p.pullSample(now - b.firstSent)
+			case !b.lost && b.probe != 0:
+				p.probed = probedBlock{pullID: pl.id, copies: b.retries, took: now - b.firstSent,
+					offset: b.offset + uint32(bits.TrailingZeros32(b.probe))*pl.frameBytes}
 			}
 			e.reRequestOvertaken(pl, b, now)
 			e.blockDone(b, now)
