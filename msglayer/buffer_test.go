@@ -31,17 +31,7 @@ func testLentBuffers(t *testing.T, w world, ca msglayer.Config, wantZeroCopy boo
 		data := buf.Bytes()[77 : 77+n] // not at the buffer's start
 		copy(data, message(i, n))
 		got := make([]byte, n)
-		r, _ := b.Irecv(uint64(i), ^uint64(0), [][]byte{got}, nil)
-		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{data}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.Wait(ctx, r); err != nil {
-			t.Fatalf("receive of %d bytes: %v", n, err)
-		}
-		if _, err := a.Wait(ctx, s); err != nil {
-			t.Fatalf("send of %d bytes: %v", n, err)
-		}
+		transfer(t, ctx, a, b, uint64(i), data, got)
 		checkMessage(t, got, i, n)
 	}
 	c := a.Counters()

@@ -329,11 +329,11 @@ func (g *engine) flushAndUnlock() {
 				if e.slot.pending == 0 {
 					repump = true
 					g.releaseSlot(e.slot) // if it was acked while being sent
-					if r := e.slot.req; r != nil && r.convertWanted {
+					if r := e.slot.req; e.slot.used && r != nil && r.convertWanted {
 						if now == 0 {
 							now = g.clock.Now()
 						}
-						g.convertSent(e.slot, now)
+						convertSent(r, now)
 					}
 				}
 			case e.job.r != nil:

@@ -20,17 +20,7 @@ func exchangeAll(t *testing.T, a, b *msglayer.Endpoint) {
 		from, to := dir[0], dir[1]
 		for i, n := range sizes {
 			buf := make([]byte, n)
-			r, _ := to.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
-			s, err := from.Isend(to.Addr(), uint64(i), [][]byte{message(i, n)}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := to.Wait(ctx, r); err != nil {
-				t.Fatalf("%d bytes %v→%v: %v", n, from.Addr(), to.Addr(), err)
-			}
-			if _, err := from.Wait(ctx, s); err != nil {
-				t.Fatal(err)
-			}
+			transfer(t, ctx, from, to, uint64(i), message(i, n), buf)
 			checkMessage(t, buf, i, n)
 		}
 	}

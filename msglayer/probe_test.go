@@ -199,20 +199,7 @@ func TestPullTimeoutUnderLoss(t *testing.T) {
 	buf := make([]byte, size)
 	var worst time.Duration
 	for i := range n {
-		r, err := b.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, size)}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.Wait(ctx, r); err != nil {
-			t.Fatalf("receive %d: %v", i, err)
-		}
-		if _, err := a.Wait(ctx, s); err != nil {
-			t.Fatalf("send %d: %v", i, err)
-		}
+		transfer(t, ctx, a, b, uint64(i), message(i, size), buf)
 		checkMessage(t, buf, i, size)
 		worst = max(worst, b.DebugPullTimeout(a.Addr()))
 	}

@@ -157,7 +157,6 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		b.want = uint32(uint64(1)<<frames - 1)
 		b.retries = 0
 		b.lost = false
-		b.probe = 0
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
 	}

@@ -532,9 +532,8 @@ func (e *Endpoint) onNack(p *peer, th []byte, now int64) {
 	seq, reason := getU32U8(th)
 	switch reason {
 	case nackEagerRefused:
-		s := &p.win[seq%uint32(len(p.win))]
-		if s.used && s.seq == seq && s.first && s.req != nil && s.req.kind == kindSend && !s.req.rndv {
-			e.convert(p, s.req, seq, now)
+		if r := p.eagerFirst(seq); r != nil {
+			e.convert(p, r, seq, now)
 		}
 	case nackBadRndv:
 		for _, pl := range e.pulls {
@@ -611,19 +610,26 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 	p.retransmit(&p.win[first%w], now)
 }
 
-// convertSent converts the refused eager message whose frame s the link
-// has just taken back, once none of its frames is on its way any more.
+// eagerFirst returns the eager send (not converted yet) whose first frame
+// seq is in p's window, or nil.
 //
-// +checklocks:g.mu
-func (g *engine) convertSent(s *txSlot, now int64) {
-	r := s.req
-	if !s.used || !r.convertWanted {
-		return
+// +checklocks:p.ep.eng.mu
+func (p *peer) eagerFirst(seq uint32) *request {
+	s := &p.win[seq%uint32(len(p.win))]
+	if s.used && s.seq == seq && s.first && s.req != nil && s.req.kind == kindSend && !s.req.rndv {
+		return s.req
 	}
-	p, first := r.peer, r.convertFirst
-	f := &p.win[first%uint32(len(p.win))]
-	if f.used && f.seq == first && f.first && f.req == r && r.kind == kindSend && !r.rndv {
-		p.ep.convert(p, r, first, now)
+	return nil
+}
+
+// convertSent converts the refused eager message r, one of whose frames
+// the link has just taken back, once none of them is on its way any more.
+//
+// +checklocks:r.ep.eng.mu
+func convertSent(r *request, now int64) {
+	p := r.peer
+	if p.eagerFirst(r.convertFirst) == r {
+		p.ep.convert(p, r, r.convertFirst, now)
 	} else {
 		r.convertWanted = false // acked or gone meanwhile
 	}

@@ -129,6 +129,26 @@ func message(seq, n int) []byte {
 	return b
 }
 
+// transfer sends data from one endpoint to the other under match m into
+// buf, and waits for both ends.
+func transfer(t testing.TB, ctx context.Context, from, to *msglayer.Endpoint, m uint64, data, buf []byte) {
+	t.Helper()
+	r, err := to.Irecv(m, ^uint64(0), [][]byte{buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := from.Isend(to.Addr(), m, [][]byte{data}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := to.Wait(ctx, r); err != nil {
+		t.Fatalf("receive of message %d (%d bytes) %v→%v: %v", m, len(data), from.Addr(), to.Addr(), err)
+	}
+	if _, err := from.Wait(ctx, s); err != nil {
+		t.Fatalf("send of message %d (%d bytes) %v→%v: %v", m, len(data), from.Addr(), to.Addr(), err)
+	}
+}
+
 func checkMessage(t testing.TB, got []byte, seq, n int) {
 	t.Helper()
 	if want := message(seq, n); !bytes.Equal(got, want) {
