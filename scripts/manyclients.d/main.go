@@ -173,15 +173,36 @@ func main() {
 	raw := flag.String("raw", "", "directory of the per-point reports (n<N>-r<ROUND>/)")
 	out := flag.String("out", "", "directory for results.json, table.txt and plot.png")
 	note := flag.String("note", "", "a line describing the run (flags given to the script)")
+	other := flag.String("other", "", "print the other load of one point's directory (n<N>-r<ROUND>), in percent, and exit")
 	flag.Parse()
+	if *other != "" && flag.NArg() == 0 {
+		pct, err := otherPct(*other)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "manyclients.d:", err)
+			os.Exit(1)
+		}
+		fmt.Printf("%.1f\n", pct)
+		return
+	}
 	if *raw == "" || *out == "" || flag.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "usage: manyclients.d -raw DIR -out DIR [-note TEXT]")
+		fmt.Fprintln(os.Stderr, "usage: manyclients.d -raw DIR -out DIR [-note TEXT] | -other DIR")
 		os.Exit(2)
 	}
 	if err := run(*raw, *out, *note); err != nil {
 		fmt.Fprintln(os.Stderr, "manyclients.d:", err)
 		os.Exit(1)
 	}
+}
+
+// otherPct is the share of the machine's CPU, in percent, that other
+// processes (and the hypervisor, as steal time) took during the point
+// measured in dir.
+func otherPct(dir string) (float64, error) {
+	p, _, err := point(dir, 0, 0)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", dir, err)
+	}
+	return 100 * p.OtherCPU, nil
 }
 
 func run(rawDir, outDir, note string) error {
