@@ -136,13 +136,31 @@ func connectPair(t *testing.T, a, b *msglayer.Endpoint) {
 
 // TestPullBudgetShared pulls many large messages at once over a lossy
 // link: more frames than the engine's pull budget, so most pulls wait for
-// it. Every message arrives intact, and afterwards the budget is whole
-// and no pull waits.
+// it. The messages are sent first and the receives posted together once
+// every rendezvous record is in the unexpected queue, so that all 40 pulls
+// start at once (posted first, the receives matched the records as they
+// came, and the pulls sometimes ran one after the other without waiting).
+// Every message arrives intact, and afterwards the budget is whole and no
+// pull waits.
 func TestPullBudgetShared(t *testing.T) {
 	w := memWorld(t, xdp.MemConfig{Loss: 0.05, Reorder: 0.05, Duplicate: 0.01, Seed: 11})
 	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
 	ctx := ctxFor(t, 60*time.Second)
 	const n, size = 40, 100 << 10 // 40 x 70 frames against a budget of 1024
+	sends := make([]msglayer.Request, n)
+	for i := range n {
+		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, size)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends[i] = s
+	}
+	for b.Counters().Unexpected < n {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d rendezvous records arrived", b.Counters().Unexpected, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	recvs := make([]msglayer.Request, n)
 	bufs := make([][]byte, n)
 	for i := range n {
@@ -152,14 +170,6 @@ func TestPullBudgetShared(t *testing.T) {
 			t.Fatal(err)
 		}
 		recvs[i] = r
-	}
-	sends := make([]msglayer.Request, n)
-	for i := range n {
-		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, size)}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sends[i] = s
 	}
 	go func() {
 		for _, s := range sends {
