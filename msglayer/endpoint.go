@@ -520,7 +520,6 @@ func (e *Endpoint) complete(r *request, code Code) {
 	}
 	e.stats.Completed++
 	r.doneFlag.Store(true)
-	e.eng.completion.Add(1)
 	if r.forgotten {
 		e.release(r)
 		return
@@ -533,7 +532,7 @@ func (e *Endpoint) complete(r *request, code Code) {
 		}
 	} else {
 		e.done.push(r)
-		e.passAnyWake()
+		e.notifyAny()
 	}
 	if r.waiters.Load() > 0 {
 		select {
@@ -545,6 +544,19 @@ func (e *Endpoint) complete(r *request, code Code) {
 	// queued message, a same-process send, a cancel) must wake a driver
 	// asleep in the kernel: it may be the goroutine waiting for it.
 	e.eng.signal()
+}
+
+// notifyAny tells the goroutines waiting for any completion or arrival
+// (WaitAny, Peek, Probe) that one happened: it moves the engine's
+// completion count, which they watch, and signals anyWake. With none
+// waiting it costs nothing (no atomic operation).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) notifyAny() {
+	if e.anyWaiters > 0 {
+		e.eng.completion.Add(1)
+		e.passAnyWake()
+	}
 }
 
 // passAnyWake signals anyWake if a goroutine waits on it (WaitAny, Peek,

@@ -50,15 +50,17 @@ type engine struct {
 	// drive is the drive token: its holder drives the link.
 	drive driveToken
 	// Drivers: API waiters want the token (wantDrive); the background
-	// goroutine drives when none has for a while (apiCalls).
-	wantDrive  atomic.Int32
-	bgDriving  atomic.Bool
-	inKernel   atomic.Bool // the driver is (or is about to be) blocked in Recv
-	apiCalls   atomic.Uint64
-	bgStop     chan struct{}
-	bgDone     chan struct{}
-	closed     atomic.Bool
-	refs       int // endpoints open; guarded by enginesMu
+	// goroutine drives when none has for a while (apiWaited).
+	wantDrive atomic.Int32
+	bgDriving atomic.Bool
+	inKernel  atomic.Bool // the driver is (or is about to be) blocked in Recv
+	apiWaited atomic.Bool // an API call waited since the background goroutine last looked
+	bgStop    chan struct{}
+	bgDone    chan struct{}
+	closed    atomic.Bool
+	refs      int // endpoints open; guarded by enginesMu
+	// completion moves at every completion or unexpected arrival on an
+	// endpoint with goroutines waiting for any (Endpoint.notifyAny).
 	completion atomic.Uint64
 
 	// Owned by the driver (the drive token holder).
@@ -380,7 +382,9 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	} else {
 		n, err = g.link.Recv(g.rxBufs, g.rxSizes, timeout)
 	}
-	g.inKernel.Store(false)
+	if timeout != 0 {
+		g.inKernel.Store(false)
+	}
 	if n == 0 && timeout == 0 {
 		// Spinning: reading the clock costs tens of nanoseconds, so look
 		// at the timers only every few dozen empty polls.
@@ -420,7 +424,9 @@ func (v *rxVisitor) Visit(f []byte) {
 	if !v.locked {
 		// The driver is awake: completions need not wake it (and must not
 		// call into the link, whose receive lock is held).
-		g.inKernel.Store(false)
+		if g.inKernel.Load() {
+			g.inKernel.Store(false)
+		}
 		g.mu.Lock()
 		v.locked = true
 		g.visiting = true
@@ -550,7 +556,6 @@ func (g *engine) onHost(f []byte, h *header) {
 			var mac [6]byte
 			copy(mac[:], f[6:12])
 			g.hostReplies[string(name)] = mac
-			g.completion.Add(1)
 		}
 	}
 }
@@ -583,7 +588,9 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 	g.wantDrive.Add(1)
 	defer g.wantDrive.Add(-1)
 	for {
-		g.apiCalls.Add(1)
+		if !g.apiWaited.Load() { // a store only once per look of the background goroutine
+			g.apiWaited.Store(true)
+		}
 		if g.bgDriving.Load() {
 			g.signal()
 		}
@@ -726,15 +733,13 @@ func (g *engine) background() {
 	defer close(g.bgDone)
 	linger := time.NewTimer(lingerAPI)
 	defer linger.Stop()
-	lastCalls := g.apiCalls.Load()
 	for {
 		select {
 		case <-g.bgStop:
 			return
 		default:
 		}
-		if calls := g.apiCalls.Load(); g.wantDrive.Load() > 0 || calls != lastCalls {
-			lastCalls = calls
+		if g.apiWaited.Swap(false) || g.wantDrive.Load() > 0 {
 			linger.Reset(lingerAPI)
 			select {
 			case <-g.bgStop:

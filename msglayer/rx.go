@@ -396,8 +396,7 @@ func (e *Endpoint) dropUnexp(u *unexp) {
 func (e *Endpoint) addUnexp(u *unexp) {
 	e.stats.Unexpected++
 	e.match.pushUnexp(u)
-	e.eng.completion.Add(1) // wakes probes
-	e.passAnyWake()
+	e.notifyAny() // wakes probes
 }
 
 // callHandler runs the unexpected-message handler without the engine
@@ -460,8 +459,7 @@ func (e *Endpoint) continueEager(p *peer, eh *eagerHdr, payload []byte) {
 		r.status.XferLen = min(int(in.msgLen), r.length)
 		e.complete(r, Success)
 	} else if in.u != nil {
-		e.eng.completion.Add(1)
-		e.passAnyWake()
+		e.notifyAny() // an unexpected message is whole: wakes probes
 	}
 	*in = inMsg{}
 }
