@@ -77,8 +77,11 @@ type mcConfig struct {
 	drain    time.Duration
 	rndv     int  // clients' RendezvousThreshold (0: msglayer's default)
 	umem     bool // clients send from buffers lent from the UMEM
-	unexp    int  // server's UnexpectedBytes (0: msglayer's default)
-	sample   time.Duration
+	// perClient gives each client endpoint a send buffer of its own
+	// rather than one for the process.
+	perClient bool
+	unexp     int // server's UnexpectedBytes (0: msglayer's default)
+	sample    time.Duration
 	// Protocol knobs for investigation (0: msglayer's defaults).
 	minRTO     time.Duration
 	pullBlocks int
@@ -144,6 +147,7 @@ estimate of the data they sent more than once.
 	fs.DurationVar(&c.sample, "sample", 10*time.Millisecond, "server: period of the counter samples (peak unexpected bytes)")
 	fs.DurationVar(&c.minRTO, "min-rto", 0, "msglayer MinRTO, the floor of the retransmission and pull re-request timeouts (0: its default, 2ms)")
 	fs.BoolVar(&c.umem, "umem", false, "clients: send from buffers lent from the UMEM, one per endpoint")
+	fs.BoolVar(&c.perClient, "buffer-per-client", false, "clients: each endpoint sends from a buffer of its own (default: the process's endpoints share one, as clients on hosts of their own each have theirs in cache)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
 	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 16)")
 	if err := fs.Parse(args); err != nil {
@@ -195,7 +199,7 @@ estimate of the data they sent more than once.
 		if c.sample <= 0 {
 			return nil, bad("-sample %v: must be positive", c.sample)
 		}
-		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold", "umem", "umem-gather"} {
+		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold", "umem", "umem-gather", "buffer-per-client"} {
 			if set[f] {
 				return nil, bad("-%s is a clients flag (this is -role server)", f)
 			}
@@ -553,17 +557,20 @@ func mcPrint(v any) error {
 
 // mcClientsReport is the clients' JSON report.
 type mcClientsReport struct {
-	Role      string  `json:"role"`
-	Endpoints int     `json:"endpoints"`
-	FirstEP   int     `json:"first_ep"`
-	Peer      string  `json:"peer"`
-	Link      mcLink  `json:"link"`
-	PeerMTU   int     `json:"peer_mtu"`
-	Size      int     `json:"size"`
-	Window    int     `json:"window"`
-	Rndv      bool    `json:"rendezvous"`     // the messages go by rendezvous (size above the threshold)
-	UMEM      bool    `json:"umem,omitempty"` // sent from buffers lent from the UMEM (-umem)
-	DurationS float64 `json:"duration_s"`
+	Role      string `json:"role"`
+	Endpoints int    `json:"endpoints"`
+	FirstEP   int    `json:"first_ep"`
+	Peer      string `json:"peer"`
+	Link      mcLink `json:"link"`
+	PeerMTU   int    `json:"peer_mtu"`
+	Size      int    `json:"size"`
+	Window    int    `json:"window"`
+	Rndv      bool   `json:"rendezvous"`     // the messages go by rendezvous (size above the threshold)
+	UMEM      bool   `json:"umem,omitempty"` // sent from buffers lent from the UMEM (-umem)
+	// SharedBuffer: the endpoints sent from one buffer (not -umem, not
+	// -buffer-per-client).
+	SharedBuffer bool    `json:"shared_buffer"`
+	DurationS    float64 `json:"duration_s"`
 	// StartLateS is how late the sending started after -start-at (connects
 	// took longer), 0 without -start-at.
 	StartLateS float64 `json:"start_late_s"`
@@ -659,6 +666,15 @@ func mcClients(c *mcConfig) error {
 		DurationS: c.duration.Seconds(), LatPerOctave: mcLatBuckets}
 	rep.Rndv = c.size > cmp.Or(c.rndv, mcDefaultRndv)
 	rep.UMEM = c.umem
+	// The endpoints only read what they send: by default they share one
+	// buffer, as clients on hosts of their own would each have theirs in
+	// cache. 128 clients' buffers on this machine's two vCPUs would
+	// otherwise measure the lab's caches, not the server.
+	var shared []byte
+	if !c.umem && !c.perClient {
+		shared = mcPattern(make([]byte, c.size))
+		rep.SharedBuffer = true
+	}
 	if !c.startAt.IsZero() {
 		if wait := time.Until(c.startAt); wait > 0 {
 			time.Sleep(min(wait, mcMaxDuration))
@@ -672,7 +688,7 @@ func mcClients(c *mcConfig) error {
 	res := make([]mcClient, len(eps))
 	var wg sync.WaitGroup
 	for i, e := range eps {
-		wg.Go(func() { res[i] = mcRunClient(e, server, c, deadline) })
+		wg.Go(func() { res[i] = mcRunClient(e, server, c, shared, deadline) })
 	}
 	wg.Wait()
 	c.mcSummarize(&rep, res, eps)
@@ -680,23 +696,23 @@ func mcClients(c *mcConfig) error {
 }
 
 // mcRunClient keeps c.window sends in flight from e to server until the
-// deadline (or c.maxMsgs), then waits up to c.drain for the rest.
-func mcRunClient(e *msglayer.Endpoint, server msglayer.Addr, c *mcConfig, deadline time.Time) mcClient {
+// deadline (or c.maxMsgs), then waits up to c.drain for the rest. It sends
+// from shared when given, else from a buffer of its own.
+func mcRunClient(e *msglayer.Endpoint, server msglayer.Addr, c *mcConfig, shared []byte, deadline time.Time) mcClient {
 	out := mcClient{ep: e.Addr().EP}
-	var buf []byte
-	if c.umem {
+	buf := shared
+	switch {
+	case buf != nil:
+	case c.umem:
 		lent, err := e.AllocBuffer(c.size)
 		if err != nil {
 			out.err = fmt.Errorf("-umem: %w", err)
 			return out
 		}
 		defer lent.Free()
-		buf = lent.Bytes()
-	} else {
-		buf = make([]byte, c.size)
-	}
-	for i := range buf {
-		buf[i] = byte(i)
+		buf = mcPattern(lent.Bytes())
+	default:
+		buf = mcPattern(make([]byte, c.size))
 	}
 	segs := [][]byte{buf} // never written: every send in flight may share it
 	grp := e.NewGroup()
@@ -769,6 +785,14 @@ func mcRunClient(e *msglayer.Endpoint, server msglayer.Addr, c *mcConfig, deadli
 		}
 	}
 	return out
+}
+
+// mcPattern fills buf with the bytes the clients send and returns it.
+func mcPattern(buf []byte) []byte {
+	for i := range buf {
+		buf[i] = byte(i)
+	}
+	return buf
 }
 
 // mcSummarize fills the report from the endpoints' outcomes.

@@ -33,6 +33,7 @@ func TestManyClientsFlagErrors(t *testing.T) {
 		{[]string{"-role", "server", "-e", "300"}, "-e 300"},
 		{[]string{"-role", "server", "extra"}, "unexpected arguments"},
 		{[]string{"-role", "server", "-umem"}, "-umem is a clients flag"},
+		{[]string{"-role", "server", "-buffer-per-client"}, "-buffer-per-client is a clients flag"},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem-gather", "copy"}, "only with -umem"},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-umem-gather", "some"}, `-umem-gather "some"`},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-n", "255", "-size", "16M"}, "more than 1 GiB"},
@@ -56,8 +57,11 @@ func TestManyClientsFlagDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.ef.ep != 1 || c.clients != 32 || c.size != 64<<10 || c.window != 2 || c.duration != 3*time.Second {
-		t.Errorf("clients defaults: ep %d n %d size %d window %d duration %v", c.ef.ep, c.clients, c.size, c.window, c.duration)
+	if c.ef.ep != 1 || c.clients != 32 || c.size != 64<<10 || c.window != 2 || c.duration != 3*time.Second || c.perClient {
+		t.Errorf("clients defaults: ep %d n %d size %d window %d duration %v buffer per client %v", c.ef.ep, c.clients, c.size, c.window, c.duration, c.perClient)
+	}
+	if p, err := parseManyClients([]string{"-role", "clients", "-peer", "h1", "-buffer-per-client"}, io.Discard); err != nil || !p.perClient {
+		t.Errorf("-buffer-per-client: %v, %v", p, err)
 	}
 	if got := c.startAt.UnixMilli(); got != 1700000000500 {
 		t.Errorf("-start-at: %d ms, want 1700000000500", got)
