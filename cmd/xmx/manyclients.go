@@ -701,9 +701,7 @@ func mcClients(c *mcConfig) error {
 func mcRunClient(e *msglayer.Endpoint, server msglayer.Addr, c *mcConfig, shared []byte, deadline time.Time) mcClient {
 	out := mcClient{ep: e.Addr().EP}
 	buf := shared
-	switch {
-	case buf != nil:
-	case c.umem:
+	if buf == nil && c.umem {
 		lent, err := e.AllocBuffer(c.size)
 		if err != nil {
 			out.err = fmt.Errorf("-umem: %w", err)
@@ -711,7 +709,7 @@ func mcRunClient(e *msglayer.Endpoint, server msglayer.Addr, c *mcConfig, shared
 		}
 		defer lent.Free()
 		buf = mcPattern(lent.Bytes())
-	default:
+	} else if buf == nil {
 		buf = mcPattern(make([]byte, c.size))
 	}
 	segs := [][]byte{buf} // never written: every send in flight may share it
