@@ -606,21 +606,17 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 					return nil
 				}
 			}
-			g.drive.waiting.Add(1)
-			if drove = g.drive.tryTake(); !drove {
-				select {
-				case <-g.drive.free:
-					drove = g.drive.tryTake()
-				case <-wake:
-					finished = done()
-				case <-ctx.Done():
-					finished = true
-					if !done() {
-						err = ctx.Err()
-					}
+			switch waitToken(&g.drive, wake, ctx.Done()) {
+			case tokenTaken:
+				drove = true
+			case tokenWokeA:
+				finished = done()
+			case tokenWokeB:
+				finished = true
+				if !done() {
+					err = ctx.Err()
 				}
 			}
-			g.drive.waiting.Add(-1)
 			if sleepers != nil {
 				sleepers.Add(-1)
 			}
@@ -749,21 +745,8 @@ func (g *engine) background() {
 			continue
 		}
 		linger.Reset(lingerAPI)
-		if !g.drive.tryTake() {
-			g.drive.waiting.Add(1)
-			took := g.drive.tryTake()
-			if !took {
-				select {
-				case <-g.drive.free:
-					took = g.drive.tryTake()
-				case <-g.bgStop:
-				case <-linger.C:
-				}
-			}
-			g.drive.waiting.Add(-1)
-			if !took {
-				continue // the loop's top looks at bgStop
-			}
+		if !g.drive.tryTake() && waitToken(&g.drive, g.bgStop, linger.C) != tokenTaken {
+			continue // the loop's top looks at bgStop
 		}
 		g.bgDriving.Store(true)
 		for g.wantDrive.Load() == 0 && !g.closed.Load() {
@@ -793,6 +776,37 @@ type driveToken struct {
 
 func (t *driveToken) tryTake() bool {
 	return !t.held.Load() && t.held.CompareAndSwap(false, true)
+}
+
+// tokenWait is how waitToken ended.
+type tokenWait int
+
+const (
+	tokenTaken tokenWait = iota // the caller holds the token
+	tokenLost                   // freed, but someone else took it first: look again
+	tokenWokeA                  // a was ready first
+	tokenWokeB                  // b was ready first
+)
+
+// waitToken waits for t after a failed tryTake, until the caller takes it
+// or one of the caller's own wake-ups, a or b, comes first.
+func waitToken[B any](t *driveToken, a <-chan struct{}, b <-chan B) tokenWait {
+	t.waiting.Add(1)
+	defer t.waiting.Add(-1)
+	if t.tryTake() {
+		return tokenTaken
+	}
+	select {
+	case <-t.free:
+		if t.tryTake() {
+			return tokenTaken
+		}
+		return tokenLost
+	case <-a:
+		return tokenWokeA
+	case <-b:
+		return tokenWokeB
+	}
 }
 
 func (t *driveToken) release() {
