@@ -3,6 +3,7 @@ package msglayer
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -201,7 +202,6 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 		return Request{}, err
 	}
 	g := e.eng
-	now := g.clock.Now()
 	r := e.newRequest(kindSend, ctx)
 	r.peer, r.match, r.segs, r.length, r.sync, r.group = p, match, segs, n, sync, grp
 	r.status.Source, r.status.Match, r.status.MsgLen = dst, match, n
@@ -211,13 +211,13 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 	case p.dead:
 		e.complete(r, Unreachable)
 	case p.local != nil:
-		e.sendLocal(p, r, now)
+		e.sendLocal(p, r)
 	default:
 		r.rndv = sync || n > e.cfg.RendezvousThreshold
 		if r.rndv {
 			e.offerRndv(p, r)
 		}
-		if p.sendHead != nil || !e.frameMessage(p, r, now) {
+		if p.sendHead != nil || !e.frameMessage(p, r, atSend) {
 			p.pushSend(r)
 		}
 	}
@@ -248,7 +248,7 @@ func (e *Endpoint) lockPeer(a Addr, op string) (*peer, error) {
 		e.eng.mu.Unlock()
 		return nil, ErrClosed
 	}
-	p := e.peers[a]
+	p := e.peerAt(a)
 	if p == nil || (!p.connected && !p.dead) {
 		e.eng.mu.Unlock()
 		return nil, fmt.Errorf("msglayer: %s %v: %w", op, a, ErrNotConnected)
@@ -323,8 +323,11 @@ func (e *Endpoint) Test(h Request) (Status, bool, error) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) collect(r *request) Status {
-	if r.group != nil {
-		r.group.q.remove(r)
+	if gr := r.group; gr != nil {
+		if r.inDoneQ {
+			gr.q.remove(r)
+			gr.n.Add(-1)
+		}
 	} else {
 		e.done.remove(r)
 	}
@@ -341,10 +344,14 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 		return Status{}, ErrStaleRequest
 	}
 	// Completion signals r.wake only while someone may sleep on it (the
-	// goroutine driving the link sees the completion by itself).
-	err := e.eng.waitForSleeping(ctx, r.doneFlag.Load, r.wake, &r.waiters)
+	// goroutine driving the link sees the completion by itself, and
+	// collects the request while it holds the engine lock).
+	st, reaped, err := e.eng.waitForSleeping(ctx, r.doneFlag.Load, r.wake, &r.waiters, reaping{h, e})
 	if err != nil {
 		return Status{}, err
+	}
+	if reaped {
+		return st, st.Err()
 	}
 	st, ok, err := e.Test(h)
 	if err != nil {
@@ -559,7 +566,8 @@ func (e *Endpoint) Ibuffered(h Request) (bool, error) {
 // "events spread over several queues, each owned by a thread").
 type Group struct {
 	e    *Endpoint
-	q    doneQueue // guarded by the engine lock
+	q    doneQueue    // guarded by the engine lock
+	n    atomic.Int64 // requests in q: a waiter peeks at it without the lock
 	wake chan struct{}
 }
 
@@ -602,7 +610,7 @@ func (gr *Group) Wait(ctx context.Context) (Status, error) {
 		err := g.waitFor(ctx, func() bool {
 			// The queue head is read without the lock only as a hint; Test
 			// above rechecks under it.
-			return gr.q.n.Load() > 0
+			return gr.n.Load() > 0
 		}, gr.wake)
 		if err != nil {
 			return Status{}, err

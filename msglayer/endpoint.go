@@ -196,7 +196,7 @@ type Endpoint struct {
 	// +checklocks:eng.mu
 	peers map[Addr]*peer
 	// +checklocks:eng.mu
-	lastPeer *peer // the peer of the last frame handled: most frames come from it
+	lastPeer *peer // the peer last looked up (peerAt); nil when it left peers
 	// +checklocks:eng.mu
 	timers timerHeap // peers' and pulls' timers
 	// +checklocks:eng.mu
@@ -519,13 +519,14 @@ func (e *Endpoint) complete(r *request, code Code) {
 		r.status.Code = Truncated
 	}
 	e.stats.Completed++
-	r.doneFlag.Store(true)
 	if r.forgotten {
-		e.release(r)
+		e.release(r) // no handle is left to look at doneFlag
 		return
 	}
+	r.doneFlag.Store(true)
 	if g := r.group; g != nil {
 		g.q.push(r)
+		g.n.Add(1)
 		select {
 		case g.wake <- struct{}{}:
 		default:
@@ -634,6 +635,22 @@ func (e *Endpoint) flushAcks() {
 	}
 	clear(e.acksDue)
 	e.acksDue = e.acksDue[:0]
+}
+
+// peerAt returns the peer record of a, or nil. Most frames come from, and
+// most sends go to, the peer of the last one: it is looked at before the
+// map.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) peerAt(a Addr) *peer {
+	if p := e.lastPeer; p != nil && p.addr == a {
+		return p
+	}
+	p := e.peers[a]
+	if p != nil {
+		e.lastPeer = p
+	}
+	return p
 }
 
 // peerFor returns the peer record of a, creating it.

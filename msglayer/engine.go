@@ -22,8 +22,8 @@ import (
 // API calls (Isend, Irecv...) take the same lock, queue frames and flush
 // them themselves. At most one driver at a time holds the drive token.
 //
-// LOCK ORDERING: engine.txMu > engine.mu; engines are locked in order of
-// their index (same-process sends between engines).
+// LOCK ORDERING: engines are locked in order of their index
+// (same-process sends between engines).
 type engine struct {
 	index   uint64 // creation order, for lock ordering
 	key     string // in engines: the interface name or the given link
@@ -49,8 +49,9 @@ type engine struct {
 
 	// drive is the drive token: its holder drives the link.
 	drive driveToken
-	// Drivers: API waiters want the token (wantDrive); the background
-	// goroutine drives when none has for a while (apiWaited).
+	// Drivers: API waiters that find the token taken want it
+	// (wantDrive); the background goroutine drives when no API call has
+	// waited or driven for a while (apiWaited).
 	wantDrive atomic.Int32
 	bgDriving atomic.Bool
 	inKernel  atomic.Bool // the driver is (or is about to be) blocked in Recv
@@ -68,6 +69,20 @@ type engine struct {
 	rxSizes []int
 	spins   uint64
 	vis     rxVisitor
+	// polledNow is the clock as the spinning driver last read it, good
+	// for nowPolls more empty polls (0: read the clock). A frame that
+	// arrives while the driver spins is handled at that time: no clock
+	// read between the frame and the answer to it. A new driver, a sleep
+	// in the kernel and a batch of frames handled leave it stale.
+	polledNow int64
+	nowPolls  int
+	// reap is the request the driver's Wait waits for: once done, the
+	// driver collects it (reapSt, reaped) while it holds the engine lock
+	// for the frames that completed it, rather than Wait taking the lock
+	// again.
+	reap   reaping
+	reapSt Status
+	reaped bool
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
@@ -92,16 +107,18 @@ type engine struct {
 	starved []*pull // pulls waiting for budget, in no order
 	// +checklocks:mu
 	bufs []*Buffer // lent buffers not freed, for sends to find their data in
+	// flushing: a goroutine is sending the queued frames (flushAndUnlock)
+	// and owns the four fields below until it clears it. A flag under the
+	// engine lock rather than a mutex of its own: it is set and cleared
+	// while the lock is held anyway, and a flush then costs no atomic
+	// operation beyond the engine lock's.
+	// +checklocks:mu
+	flushing bool
 
-	txMu sync.Mutex // serialises flushes so frames leave in queue order
-	// +checklocks:txMu
-	txSending []txEntry
-	// +checklocks:txMu
-	txFrames [][]byte
-	// +checklocks:txMu
-	txb txBuilder
-	// +checklocks:txMu
-	txScratch [][]byte
+	txSending []txEntry // owned by the flusher
+	txFrames  [][]byte  // owned by the flusher
+	txb       txBuilder // owned by the flusher
+	txScratch [][]byte  // owned by the flusher
 }
 
 // txEntry is a queued frame: a window slot's buffer, a scratch buffer, or
@@ -123,7 +140,7 @@ type pullJob struct {
 }
 
 // txBuilder builds the frames of a flush in the link's memory. Owned by
-// the flusher (txMu).
+// the flusher (engine.flushing).
 type txBuilder struct{ frames []txEntry }
 
 func (b *txBuilder) Build(i int, buf []byte) int {
@@ -252,9 +269,8 @@ func (g *engine) unpin(r *request) {
 }
 
 // scratchFlush returns a scratch buffer for building frame i of a flush
-// without the engine lock (links without FrameBuilder).
-//
-// +checklocks:g.txMu
+// without the engine lock (links without FrameBuilder). The caller is the
+// flusher.
 func (g *engine) scratchFlush(i int) []byte {
 	for len(g.txScratch) <= i {
 		g.txScratch = append(g.txScratch, make([]byte, g.maxFrame()))
@@ -274,20 +290,22 @@ func (g *engine) queue(buf []byte, slot *txSlot) {
 
 // flushAndUnlock sends the queued frames and releases the engine lock,
 // which the caller holds. Frames leave in the order they were queued: one
-// goroutine at a time flushes (txMu), and it keeps going while others
-// queue behind it; a goroutine that finds txMu taken leaves its frames to
-// that flusher. A window slot's buffer is not reused while it is being
-// sent (slot.pending).
+// goroutine at a time flushes (g.flushing), and it keeps going while
+// others queue behind it; a goroutine that finds a flush under way leaves
+// its frames to that flusher. A window slot's buffer is not reused while
+// it is being sent (slot.pending).
 //
-// txMu is only ever tried, never waited for, while the engine lock is
-// held, so the two locks cannot deadlock.
+// Reliable frames queued by an API call are stamped with their send time
+// here, after the link took them (txSlot.stamp): the clock is read off
+// the path from the call to the wire.
 func (g *engine) flushAndUnlock() {
 	// Inside a RecvVisit (an unexpected-message handler posting a
 	// receive), the link's locks are held: the driver flushes after it.
-	if len(g.txq) == 0 || g.visiting || !g.txMu.TryLock() {
+	if len(g.txq) == 0 || g.visiting || g.flushing {
 		g.mu.Unlock()
 		return
 	}
+	g.flushing = true
 	for {
 		// Swap the queues' arrays rather than copy the entries: the
 		// emptied txSending (cleared after its last flush) becomes txq.
@@ -328,6 +346,12 @@ func (g *engine) flushAndUnlock() {
 			switch {
 			case e.slot != nil:
 				e.slot.pending--
+				if e.slot.stamp {
+					if now == 0 {
+						now = g.clock.Now()
+					}
+					e.slot.stamped(now)
+				}
 				if e.slot.pending == 0 {
 					repump = true
 					g.releaseSlot(e.slot) // if it was acked while being sent
@@ -358,9 +382,7 @@ func (g *engine) flushAndUnlock() {
 			}
 		}
 		if len(g.txq) == 0 {
-			// Release txMu before the engine lock: whoever queues next
-			// will find it free.
-			g.txMu.Unlock()
+			g.flushing = false
 			g.mu.Unlock()
 			return
 		}
@@ -371,6 +393,7 @@ func (g *engine) flushAndUnlock() {
 // them and runs the due timers. The caller holds the drive token.
 func (g *engine) driveOnce(timeout time.Duration) error {
 	if timeout != 0 {
+		g.nowPolls = 0
 		g.inKernel.Store(true)
 	}
 	var n int
@@ -386,8 +409,12 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 		g.inKernel.Store(false)
 	}
 	if n == 0 && timeout == 0 {
-		// Spinning: reading the clock costs tens of nanoseconds, so look
-		// at the timers only every few dozen empty polls.
+		// Spinning: reading the clock costs tens of nanoseconds, so read
+		// it every few empty polls, and look at the timers every few
+		// dozen.
+		if g.nowPolls--; g.nowPolls <= 0 {
+			g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
+		}
 		g.spins++
 		if g.spins&63 != 0 {
 			return err
@@ -399,15 +426,35 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 		g.visiting = false
 		now = g.vis.now
 	} else {
-		now = g.clock.Now()
+		now = g.driverNow()
 		g.mu.Lock()
 		for i := 0; i < n; i++ {
 			g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
 		}
 	}
+	if n > 0 {
+		g.nowPolls = 0 // handling the frames took time
+	}
 	g.runTimers(now)
+	if h := g.reap.h; h.r != nil && !g.reaped && h.r.doneFlag.Load() && h.valid() && h.r.ep == g.reap.e {
+		g.reapSt, g.reaped = h.r.ep.collect(h.r), true
+	}
 	g.flushAndUnlock()
 	return err
+}
+
+// nowPolls is how many empty polls a spinning driver's clock reading
+// stands for: at a few tens of nanoseconds a poll, it is at most about a
+// microsecond old, against timeouts of milliseconds.
+const nowPolls = 16
+
+// driverNow is the time for frames the driver is about to handle: the
+// clock it read while it spun, if recent, else the clock.
+func (g *engine) driverNow() int64 {
+	if g.nowPolls > 0 {
+		return g.polledNow
+	}
+	return g.clock.Now()
 }
 
 // rxVisitor handles frames the link lends (RecvVisit). Owned by the
@@ -430,7 +477,7 @@ func (v *rxVisitor) Visit(f []byte) {
 		g.mu.Lock()
 		v.locked = true
 		g.visiting = true
-		v.now = g.clock.Now()
+		v.now = g.driverNow()
 	}
 	g.dispatch(f, v.now)
 }
@@ -573,7 +620,8 @@ func (g *engine) signal() {
 // else does. done is called without the engine lock; wake is signalled by
 // whoever makes done true. A zero deadline waits without bound.
 func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan struct{}) error {
-	return g.waitForSleeping(ctx, done, wake, nil)
+	_, _, err := g.waitForSleeping(ctx, done, wake, nil, reaping{})
+	return err
 }
 
 // waitForSleeping is waitFor that counts itself in sleepers (when not nil)
@@ -581,21 +629,28 @@ func (g *engine) waitFor(ctx context.Context, done func() bool, wake <-chan stru
 // The count goes up before done is looked at again, and a completion
 // marks itself done before it reads the count, so one of the two sees the
 // other.
-func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-chan struct{}, sleepers *atomic.Int32) error {
+//
+// If it drives the link and reap's request completes meanwhile, the
+// driver collects it: its status is returned with true, and the handle is
+// spent.
+func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-chan struct{}, sleepers *atomic.Int32, reap reaping) (Status, bool, error) {
 	if done() {
-		return nil
+		return Status{}, false, nil
+	}
+	g.noteAPIWait()
+	// The token is usually free: take it without counting in wantDrive
+	// (driveUntil keeps apiWaited set while it drives, which keeps the
+	// background goroutine away as well).
+	if g.drive.tryTake() {
+		return g.driveReaping(ctx, done, reap)
 	}
 	g.wantDrive.Add(1)
 	defer g.wantDrive.Add(-1)
 	for {
-		if !g.apiWaited.Load() { // a store only once per look of the background goroutine
-			g.apiWaited.Store(true)
-		}
+		g.noteAPIWait()
 		if g.bgDriving.Load() {
 			g.signal()
 		}
-		// The token is usually free: take it without the cost of a
-		// three-way select.
 		var err error
 		drove, finished := g.drive.tryTake(), false
 		if !drove {
@@ -603,7 +658,7 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 				sleepers.Add(1)
 				if done() {
 					sleepers.Add(-1)
-					return nil
+					return Status{}, false, nil
 				}
 			}
 			switch waitToken(&g.drive, wake, ctx.Done()) {
@@ -622,16 +677,43 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 			}
 		}
 		if drove {
-			err := g.driveUntil(ctx, done)
-			g.drive.release()
-			return err
+			return g.driveReaping(ctx, done, reap)
 		}
 		if finished {
-			return err
+			return Status{}, false, err
 		}
 		if g.closed.Load() {
-			return ErrClosed
+			return Status{}, false, ErrClosed
 		}
+	}
+}
+
+// driveReaping drives until done() (or reap is collected) and releases
+// the drive token, which the caller holds.
+func (g *engine) driveReaping(ctx context.Context, done func() bool, reap reaping) (Status, bool, error) {
+	g.reap = reap
+	err := g.driveUntil(ctx, done)
+	st, reaped := g.reapSt, g.reaped
+	g.reap, g.reapSt, g.reaped = reaping{}, Status{}, false
+	g.drive.release()
+	if reaped {
+		err = nil // the request completed, whatever came after
+	}
+	return st, reaped, err
+}
+
+// reaping names a request for its waiting driver to collect: handle h, if
+// it is still valid and of endpoint e. The zero reaping names none.
+type reaping struct {
+	h Request
+	e *Endpoint
+}
+
+// noteAPIWait tells the background goroutine that an API call waits or
+// drives, so that it stays away (lingerAPI).
+func (g *engine) noteAPIWait() {
+	if !g.apiWaited.Load() { // a store only once per look of the background goroutine
+		g.apiWaited.Store(true)
 	}
 }
 
@@ -652,12 +734,13 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 	// In blocking mode, poll for spinFirst before sleeping: an answer
 	// that comes within it costs no kernel wake-up (microseconds on a
 	// VM whose other vCPU must be woken by an interrupt).
+	g.nowPolls = 0 // the last driver's reading is stale
 	var spinUntil int64
 	if !g.busyPoll && g.spinFirst > 0 {
 		spinUntil = g.clock.Now() + int64(g.spinFirst)
 	}
 	for spins := 0; ; spins++ {
-		if done() {
+		if g.reaped || done() {
 			return nil
 		}
 		if g.closed.Load() {
@@ -671,6 +754,7 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
+			g.noteAPIWait()
 		}
 		if spinUntil != 0 && spins&63 == 63 && g.clock.Now() >= spinUntil {
 			spinUntil, polling = 0, false
@@ -747,6 +831,12 @@ func (g *engine) background() {
 		linger.Reset(lingerAPI)
 		if !g.drive.tryTake() && waitToken(&g.drive, g.bgStop, linger.C) != tokenTaken {
 			continue // the loop's top looks at bgStop
+		}
+		if g.apiWaited.Load() {
+			// An API call drove while we waited for the token, and may
+			// wait again at once: stay away.
+			g.drive.release()
+			continue
 		}
 		g.bgDriving.Store(true)
 		for g.wantDrive.Load() == 0 && !g.closed.Load() {

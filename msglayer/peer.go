@@ -1,6 +1,7 @@
 package msglayer
 
 import (
+	"math"
 	"time"
 )
 
@@ -58,14 +59,18 @@ type txSlot struct {
 	sentAt    int64  // last transmission
 	firstSent int64
 	req       *request // the message the frame belongs to
-	n         int32    // frame length
+	peer      *peer
+	n         int32 // frame length
 	seq       uint32
 	pending   int32 // queued for or being handed to the link
 	retries   int32
 	used      bool
-	sacked    bool
-	first     bool // first frame of req
-	last      bool // last frame of req
+	// stamp: sentAt and firstSent are not known yet; the flush that hands
+	// the frame to the link sets them and arms the timer (stamped).
+	stamp  bool
+	sacked bool
+	first  bool // first frame of req
+	last   bool // last frame of req
 }
 
 // rxSlot holds a reliable frame received ahead of order.
@@ -89,6 +94,9 @@ func newPeer(e *Endpoint, a Addr) *peer {
 	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO)}
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
+	for i := range p.win {
+		p.win[i].peer = p
+	}
 	return p
 }
 
@@ -263,6 +271,11 @@ func (p *peer) header(t frameType) header {
 	}
 }
 
+// atSend, given to sendReliable (through frameMessage) as the time, stamps
+// the frame when the link has taken it rather than now: an API call sends
+// without reading the clock first.
+const atSend = math.MinInt64
+
 // sendReliable assigns the next sequence number to the frame being built
 // in s (type header and payload already written after hdrLen), writes its
 // common header, and queues it.
@@ -275,7 +288,6 @@ func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, las
 	s.n = int32(n)
 	s.seq = p.nextSeq
 	s.used = true
-	s.sentAt, s.firstSent = now, now
 	s.retries = 0
 	s.sacked = false
 	s.req, s.first, s.last = req, first, last
@@ -284,7 +296,26 @@ func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, las
 	e.eng.queue(s.buf[:n], s)
 	e.stats.FramesOut++
 	e.stats.BytesOut += uint64(n)
+	if now == atSend {
+		s.stamp = true
+		return
+	}
+	s.sentAt, s.firstSent = now, now
 	e.arm(&p.tm, now+p.rto)
+}
+
+// stamped records that the link took the slot's frame, first sent at
+// atSend, at now: its round trip and its timeout count from there.
+//
+// +checklocks:s.peer.ep.eng.mu
+func (s *txSlot) stamped(now int64) {
+	s.stamp = false
+	if !s.used {
+		return // acknowledged (or the peer reset) on its way out
+	}
+	p := s.peer
+	s.sentAt, s.firstSent = now, now
+	p.ep.arm(&p.tm, now+p.rto)
 }
 
 // ackSent notes that a frame carrying the current ack is going out.
@@ -352,7 +383,7 @@ func (p *peer) onAck(ack uint32, now int64) {
 	e := p.ep
 	for seq := p.acked; seq != ack; seq++ {
 		s := &p.win[seq%uint32(len(p.win))]
-		if s.retries == 0 && !s.sacked {
+		if s.retries == 0 && !s.sacked && !s.stamp {
 			p.rttSample(now - s.sentAt)
 		}
 		if r := s.req; r != nil {
@@ -452,7 +483,7 @@ func (p *peer) onSack(ack uint32, sack []byte, now int64) {
 	for i := -1; i < highest; i++ {
 		seq := ack + 1 + uint32(i)
 		s := &p.win[seq%uint32(len(p.win))]
-		if s.used && !s.sacked && now-s.sentAt > quiet {
+		if s.used && !s.sacked && !s.stamp && now-s.sentAt > quiet {
 			p.retransmit(s, now)
 		}
 	}
@@ -511,8 +542,9 @@ func (p *peer) runTimers(now int64) int64 {
 	if p.inFlight() > 0 {
 		// A peer is dead when it has been silent for GiveUp while we wait
 		// for it; a slow receiver that keeps answering is not.
+		// A frame not stamped yet is on its way out: nothing to time.
 		oldest := &p.win[p.acked%uint32(len(p.win))]
-		if now-max(p.lastHeard, oldest.firstSent) > int64(cfg.GiveUp) {
+		if !oldest.stamp && now-max(p.lastHeard, oldest.firstSent) > int64(cfg.GiveUp) {
 			p.die(now)
 			return 0
 		}
@@ -522,7 +554,7 @@ func (p *peer) runTimers(now int64) int64 {
 			// A selective ack is advisory: the receiver may drop a frame it
 			// held (it refuses an eager message it has no room for), so the
 			// oldest frame is retransmitted on timeout whatever it said.
-			if !s.used || (s.sacked && seq != p.acked) {
+			if !s.used || s.stamp || (s.sacked && seq != p.acked) {
 				continue
 			}
 			if t := s.sentAt + p.rtoFor(s); now >= t {

@@ -5,8 +5,6 @@ import (
 	"unsafe"
 )
 
-// (doneQueue.n is atomic so that a waiter may peek at it without the lock.)
-
 type reqKind uint8
 
 const (
@@ -148,10 +146,10 @@ func segsLen(segs [][]byte) int {
 	return n
 }
 
-// doneQueue is an intrusive list of completed requests.
+// doneQueue is an intrusive list of completed requests, guarded by the
+// engine lock.
 type doneQueue struct {
 	head, tail *request
-	n          atomic.Int64
 }
 
 func (q *doneQueue) push(r *request) {
@@ -163,7 +161,6 @@ func (q *doneQueue) push(r *request) {
 	}
 	q.tail = r
 	r.inDoneQ = true
-	q.n.Add(1)
 }
 
 func (q *doneQueue) remove(r *request) {
@@ -181,7 +178,6 @@ func (q *doneQueue) remove(r *request) {
 		q.tail = r.dprev
 	}
 	r.dprev, r.dnext, r.inDoneQ = nil, nil, false
-	q.n.Add(-1)
 }
 
 // find returns the oldest request whose status match info fits

@@ -26,11 +26,7 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 			return
 		}
 	}
-	p := e.lastPeer
-	if p == nil || p.addr != src {
-		p = e.peers[src]
-		e.lastPeer = p
-	}
+	p := e.peerAt(src)
 	if p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != e.session {
 		e.stats.StaleFrames++
 		if h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive {

@@ -101,7 +101,7 @@ func (e *Endpoint) pumpAll(now int64) {
 // from when it is posted).
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) sendLocal(p *peer, r *request, now int64) {
+func (e *Endpoint) sendLocal(p *peer, r *request) {
 	t := p.local
 	tp := t.peers[e.addr]
 	if t.closed || tp == nil {
