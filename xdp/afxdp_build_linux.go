@@ -196,7 +196,7 @@ func (l *AFXDPLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, e
 	if v == nil {
 		return 0, &OpError{Op: "recv", Interface: l.ifname, Err: errNilVisitor}
 	}
-	if max <= 0 {
+	if max <= 0 || (timeout == 0 && l.rxIdle()) {
 		return 0, nil
 	}
 	l.rxMu.Lock()
