@@ -117,9 +117,14 @@ func TestPullProbeFindsLoss(t *testing.T) {
 		InitialRTO: 5 * time.Millisecond, MinRTO: 5 * time.Millisecond})
 	connectPair(t, a, b)
 	pullOnce(t, a, b, 32*payload) // one block
+	// One probe finds both holes. More are right too when the first one's
+	// answer takes longer than a pull timeout (a starved CPU: it happens
+	// with the test's 5 ms RTO on a loaded machine), one per timeout, and
+	// their answers may come after the block is whole; the holes are still
+	// asked for once.
 	c := b.Counters()
-	if c.PullProbes != 1 || c.PullReRequests != 1 || c.PullRepliesLate != 0 {
-		t.Errorf("%d probes, %d re-requests, %d late replies: want 1, 1, 0", c.PullProbes, c.PullReRequests, c.PullRepliesLate)
+	if c.PullProbes < 1 || c.PullProbes > 5 || c.PullReRequests != 1 || c.PullRepliesLate > c.PullProbes-1 {
+		t.Errorf("%d probes, %d re-requests, %d late replies: want 1 probe (a few on a starved CPU), 1 re-request, late replies only to the extra probes", c.PullProbes, c.PullReRequests, c.PullRepliesLate)
 	}
 }
 
