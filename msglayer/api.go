@@ -324,10 +324,7 @@ func (e *Endpoint) Test(h Request) (Status, bool, error) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) collect(r *request) Status {
 	if gr := r.group; gr != nil {
-		if r.inDoneQ {
-			gr.q.remove(r)
-			gr.n.Add(-1)
-		}
+		gr.remove(r)
 	} else {
 		e.done.remove(r)
 	}
@@ -569,6 +566,21 @@ type Group struct {
 	q    doneQueue    // guarded by the engine lock
 	n    atomic.Int64 // requests in q: a waiter peeks at it without the lock
 	wake chan struct{}
+}
+
+// push queues the completed request r. The caller holds the engine lock.
+func (gr *Group) push(r *request) {
+	gr.q.push(r)
+	gr.n.Add(1)
+}
+
+// remove takes r out of the queue, if it is in it. The caller holds the
+// engine lock.
+func (gr *Group) remove(r *request) {
+	if r.inDoneQ {
+		gr.q.remove(r)
+		gr.n.Add(-1)
+	}
 }
 
 // NewGroup makes a completion group on the endpoint.

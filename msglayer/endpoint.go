@@ -525,8 +525,7 @@ func (e *Endpoint) complete(r *request, code Code) {
 	}
 	r.doneFlag.Store(true)
 	if g := r.group; g != nil {
-		g.q.push(r)
-		g.n.Add(1)
+		g.push(r)
 		select {
 		case g.wake <- struct{}{}:
 		default:

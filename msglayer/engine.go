@@ -340,26 +340,27 @@ func (g *engine) flushAndUnlock() {
 
 		g.mu.Lock()
 		repump := false
+		// The clock is read at the first need: most flushes have none.
 		var now int64
+		clock := func() int64 {
+			if now == 0 {
+				now = g.clock.Now()
+			}
+			return now
+		}
 		for i := range g.txSending {
 			e := &g.txSending[i]
 			switch {
 			case e.slot != nil:
 				e.slot.pending--
 				if e.slot.stamp {
-					if now == 0 {
-						now = g.clock.Now()
-					}
-					e.slot.stamped(now)
+					e.slot.stamped(clock())
 				}
 				if e.slot.pending == 0 {
 					repump = true
 					g.releaseSlot(e.slot) // if it was acked while being sent
 					if r := e.slot.req; e.slot.used && r != nil && r.convertWanted {
-						if now == 0 {
-							now = g.clock.Now()
-						}
-						convertSent(r, now)
+						convertSent(r, clock())
 					}
 				}
 			case e.job.r != nil:
@@ -373,11 +374,8 @@ func (g *engine) flushAndUnlock() {
 			// Messages may have waited for a slot still being sent.
 			for _, e := range g.epList {
 				if e.blockedOnSlot {
-					if now == 0 {
-						now = g.clock.Now()
-					}
 					e.blockedOnSlot = false
-					e.pumpAll(now)
+					e.pumpAll(clock())
 				}
 			}
 		}
@@ -731,10 +729,10 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			stopHook()
 		}
 	}()
+	g.nowPolls = 0 // the last driver's reading is stale
 	// In blocking mode, poll for spinFirst before sleeping: an answer
 	// that comes within it costs no kernel wake-up (microseconds on a
 	// VM whose other vCPU must be woken by an interrupt).
-	g.nowPolls = 0 // the last driver's reading is stale
 	var spinUntil int64
 	if !g.busyPoll && g.spinFirst > 0 {
 		spinUntil = g.clock.Now() + int64(g.spinFirst)

@@ -296,16 +296,15 @@ func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, las
 	e.eng.queue(s.buf[:n], s)
 	e.stats.FramesOut++
 	e.stats.BytesOut += uint64(n)
-	if now == atSend {
-		s.stamp = true
-		return
+	s.stamp = now == atSend // then the flush that hands it over stamps it
+	if !s.stamp {
+		s.stamped(now)
 	}
-	s.sentAt, s.firstSent = now, now
-	e.arm(&p.tm, now+p.rto)
 }
 
-// stamped records that the link took the slot's frame, first sent at
-// atSend, at now: its round trip and its timeout count from there.
+// stamped records that the link took the slot's frame at now (sent at
+// atSend: when the flush hands it over; else at once): its round trip and
+// its timeout count from there.
 //
 // +checklocks:s.peer.ep.eng.mu
 func (s *txSlot) stamped(now int64) {
