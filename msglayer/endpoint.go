@@ -340,11 +340,7 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 	} else if !cfg.OwnLink {
 		link = noClose{link}
 	}
-	g := newEngine(link, cfg.BusyPoll, cfg.Clock, cfg.EtherType, cfg.Hostname)
-	// A link given by the caller lends what it has; one we open, what
-	// we asked for.
-	g.lendsBuffers = g.gather != nil && (cfg.Link != nil || cfg.UMEMBufferBytes > 0)
-	g.spinFirst = cfg.SpinBeforeSleep
+	g := newEngine(link, cfg)
 	g.key = key
 	g.refs = 1
 	engines[key] = g

@@ -33,7 +33,7 @@ type engine struct {
 	builder xdp.FrameBuilder // nil if the link cannot build frames in place
 	gather  xdp.BufferLink   // nil if the link cannot send from lent buffers
 	// lendsBuffers: the link has a buffer area for AllocBuffer. Set
-	// before the engine is shared, read-only after.
+	// before the background goroutine starts, read-only after.
 	lendsBuffers bool
 	ifname       string
 	mac          [6]byte
@@ -41,8 +41,7 @@ type engine struct {
 	ethType      uint16
 	busyPoll     bool
 	// spinFirst: in blocking mode, a wait polls this long before it
-	// sleeps in the kernel (0: it sleeps at once). Set before the engine
-	// is shared.
+	// sleeps in the kernel (0: it sleeps at once). Read-only.
 	spinFirst time.Duration
 	clock     Clock
 	hostname  string
@@ -176,16 +175,20 @@ var (
 	engineIndex atomic.Uint64
 )
 
-func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostname string) *engine {
+// newEngine makes the engine of link for the endpoints of cfg and starts
+// its background goroutine: every field that goroutine reads without the
+// engine lock is set before.
+func newEngine(link xdp.Link, cfg *Config) *engine {
 	g := &engine{
 		index:       engineIndex.Add(1),
 		link:        link,
 		ifname:      link.Info().Interface,
 		mtu:         link.MTU(),
-		ethType:     ethType,
-		busyPoll:    busyPoll,
-		clock:       clock,
-		hostname:    hostname,
+		ethType:     cfg.EtherType,
+		busyPoll:    cfg.BusyPoll,
+		spinFirst:   cfg.SpinBeforeSleep,
+		clock:       cfg.Clock,
+		hostname:    cfg.Hostname,
 		drive:       driveToken{free: make(chan struct{}, 1)},
 		bgStop:      make(chan struct{}),
 		bgDone:      make(chan struct{}),
@@ -202,6 +205,8 @@ func newEngine(link xdp.Link, busyPoll bool, clock Clock, ethType uint16, hostna
 	g.visitor, _ = base.(xdp.FrameVisitor)
 	g.builder, _ = base.(xdp.FrameBuilder)
 	g.gather, _ = base.(xdp.BufferLink)
+	// A given link lends what it has; one we open, what we asked for.
+	g.lendsBuffers = g.gather != nil && (cfg.Link != nil || cfg.UMEMBufferBytes > 0)
 	g.vis.g = g
 	copy(g.mac[:], link.HardwareAddr())
 	const batch = 64
