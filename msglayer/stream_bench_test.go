@@ -120,9 +120,17 @@ func BenchmarkStreamAFXDP(b *testing.B) {
 				ca.UMEMBufferBytes = 2 << 20
 			}
 			a, c := w.pair(b, ca, msglayer.Config{BusyPoll: busy})
+			sa0, sc0 := a.LinkStats(), c.LinkStats()
 			b.ResetTimer()
 			rate := streamMessages(b, a, c, 1<<20, 16, time.Duration(b.N)*100*time.Millisecond, lend)
 			b.StopTimer()
+			sa, sc := a.LinkStats(), c.LinkStats()
+			// The sender's frames per syscall (a copy-mode sendto takes at
+			// most 32) and the receiver's frames (pull requests, acks) per
+			// frame it received.
+			sent := float64(sa.TxFrames - sa0.TxFrames)
+			b.ReportMetric(sent/float64(max(sa.Wakeups-sa0.Wakeups, 1)), "tx-frames/syscall")
+			b.ReportMetric(float64(sc.TxFrames-sc0.TxFrames)/max(sent, 1), "back-frames/frame")
 			b.ReportMetric(rate/1e6, "MB/s")
 			b.ReportMetric(raw/1e6, "link-MB/s")
 			b.ReportMetric(rate/raw, "×link")

@@ -95,6 +95,13 @@ func (l *AFXDPLink) sendBuiltRouted(from, n int, b Builder, m *AFXDPMultiLink, q
 	return l.sendBuiltLocked(from, n, b, nil, m, q)
 }
 
+// txBurst is how many frames sendBuiltLocked builds before it asks the
+// kernel to send them: what one copy-mode sendto transmits (the kernel's
+// TX_BATCH_SIZE). The kernel copies each frame out of the UMEM while it is
+// still in the cache of the CPU that built it; building a whole pull
+// window first (hundreds of frames) left the early ones in memory by then.
+const txBurst = 32
+
 // sendBuiltLocked builds and sends frames from..n-1 of b (or, with g set,
 // gathers them from g) and returns the index of the first frame not sent.
 // A gathered tail gets descriptors of its own in multi-buffer mode and is
@@ -120,7 +127,7 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDP
 	for i < n {
 		l.reclaim()
 		var bad error
-		for i < n {
+		for i < n && p.frames < txBurst {
 			if len(l.txFree) == 0 || l.tx.free(nd) < nd {
 				break
 			}
