@@ -583,6 +583,9 @@ func (e *Endpoint) arm(t *timer, at int64) {
 func (e *Endpoint) armAt(t int64) {
 	if e.nextTimer == 0 || t < e.nextTimer {
 		e.nextTimer = t
+		if g := e.eng; g.nextTimer == 0 || t < g.nextTimer {
+			g.nextTimer = t
+		}
 	}
 }
 

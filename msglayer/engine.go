@@ -100,6 +100,15 @@ type engine struct {
 	visiting bool // the driver is inside RecvVisit: nobody may call the link
 	// Pull budget: frames asked for by all pulls and not arrived yet, at
 	// most maxPullFrames (half the link's receive buffering).
+	// nextTimer is when the earliest timer of any endpoint is due, or
+	// earlier (0: none): Endpoint.armAt lowers it, runTimers recomputes
+	// it. A driver looks at it instead of at every endpoint, which an
+	// engine with dozens of endpoints would do per batch of frames.
+	// +checklocks:mu
+	nextTimer int64
+	// acksDue: some endpoint holds delayed acks (Endpoint.acksDue).
+	// +checklocks:mu
+	acksDue bool
 	// +checklocks:mu
 	pullFrames, maxPullFrames int
 	// +checklocks:mu
@@ -485,18 +494,14 @@ func (v *rxVisitor) Visit(f []byte) {
 	g.dispatch(f, v.now)
 }
 
-// nextTimer returns how long the driver may sleep: until the earliest
+// sleepFor returns how long the driver may sleep: until the earliest
 // timer of any endpoint, at most maxSleep.
 //
 // +checklocks:g.mu
 func (g *engine) sleepFor(now int64, maxSleep time.Duration) time.Duration {
 	d := maxSleep
-	for _, e := range g.epList {
-		if e.nextTimer != 0 {
-			if w := time.Duration(e.nextTimer - now); w < d {
-				d = w
-			}
-		}
+	if g.nextTimer != 0 {
+		d = min(d, time.Duration(g.nextTimer-now))
 	}
 	return max(d, 0)
 }
@@ -518,8 +523,11 @@ func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	g.mu.Lock()
 	now := g.clock.Now()
 	g.runTimers(now)
-	for _, e := range g.epList {
-		e.flushAcks()
+	if g.acksDue {
+		g.acksDue = false
+		for _, e := range g.epList {
+			e.flushAcks()
+		}
 	}
 	d := g.sleepFor(now, maxSleep)
 	g.flushAndUnlock()
@@ -530,10 +538,23 @@ func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 //
 // +checklocks:g.mu
 func (g *engine) runTimers(now int64) {
+	if g.nextTimer == 0 || now < g.nextTimer {
+		return
+	}
+	// A timer may arm another endpoint's, one the loop has passed: armAt
+	// lowers g.nextTimer from zero meanwhile.
+	g.nextTimer = 0
+	next := int64(0)
 	for _, e := range g.epList {
 		if e.nextTimer != 0 && now >= e.nextTimer {
 			e.runTimers(now)
 		}
+		if t := e.nextTimer; t != 0 && (next == 0 || t < next) {
+			next = t
+		}
+	}
+	if g.nextTimer == 0 || (next != 0 && next < g.nextTimer) {
+		g.nextTimer = next
 	}
 }
 

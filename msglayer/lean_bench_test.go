@@ -200,9 +200,30 @@ func BenchmarkPingPongLean(b *testing.B) {
 // BenchmarkEngineCost measures the engine's CPU cost per 8-byte message
 // with no second CPU involved: one goroutine sends from a, receives at b,
 // answers and receives the answer at a, over lean links (busy-poll).
+//
+// The idle variant gives each engine 32 more endpoints, each connected to
+// one on the other engine and silent: what a client process of the
+// many-clients experiment looks like. Their cost per message should be
+// nil.
 func BenchmarkEngineCost(b *testing.B) {
-	a, c := leanWorld().pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+	b.Run("idle=0", func(b *testing.B) { engineCost(b, 0) })
+	b.Run("idle=32", func(b *testing.B) { engineCost(b, 32) })
+}
+
+func engineCost(b *testing.B, idle int) {
+	w := leanWorld()
+	a, c := w.pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
 	ctx := context.Background()
+	for i := range idle {
+		x := w.open(b, 0, msglayer.Config{BusyPoll: true, EndpointID: uint8(10 + i), Key: 1})
+		y := w.open(b, 1, msglayer.Config{BusyPoll: true, EndpointID: uint8(10 + i), Key: 2})
+		if err := x.Connect(ctx, y.Addr(), 2); err != nil {
+			b.Fatal(err)
+		}
+		if err := y.Connect(ctx, x.Addr(), 1); err != nil {
+			b.Fatal(err)
+		}
+	}
 	out, in, echo := [][]byte{make([]byte, 8)}, [][]byte{make([]byte, 8)}, [][]byte{make([]byte, 8)}
 	round := func() {
 		rc, err := c.Irecv(0, 0, echo, nil)

@@ -227,6 +227,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		if !p.inAcksDue {
 			p.inAcksDue = true
 			e.acksDue = append(e.acksDue, p)
+			e.eng.acksDue = true
 		}
 	}
 }
