@@ -313,7 +313,7 @@ func (e *Endpoint) Test(h Request) (Status, bool, error) {
 		return Status{}, false, ErrStaleRequest
 	}
 	r := h.r
-	if !r.doneFlag.Load() {
+	if !r.done {
 		return Status{}, false, nil
 	}
 	return e.collect(r), true, nil
@@ -539,7 +539,7 @@ func (e *Endpoint) Forget(h Request) error {
 		return ErrStaleRequest
 	}
 	r := h.r
-	if r.doneFlag.Load() {
+	if r.done {
 		e.collect(r)
 		return nil
 	}
@@ -555,7 +555,7 @@ func (e *Endpoint) Ibuffered(h Request) (bool, error) {
 	if !h.valid() {
 		return false, ErrStaleRequest
 	}
-	return h.r.buffered || h.r.doneFlag.Load(), nil
+	return h.r.buffered || h.r.done, nil
 }
 
 // Group is a completion group: requests posted through it complete into

@@ -495,7 +495,7 @@ func (e *Endpoint) release(r *request) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) complete(r *request, code Code) {
-	if r.doneFlag.Load() {
+	if r.done {
 		return
 	}
 	if r.txRefs > 0 {
@@ -516,10 +516,18 @@ func (e *Endpoint) complete(r *request, code Code) {
 	}
 	e.stats.Completed++
 	if r.forgotten {
-		e.release(r) // no handle is left to look at doneFlag
+		e.release(r) // no handle is left to look at it
 		return
 	}
-	r.doneFlag.Store(true)
+	r.done = true
+	// doneFlag is for a Wait that looks without the lock. The driver
+	// handling frames for the Wait of r collects r itself before it lets
+	// go of the lock (engine.reap), and never looks: no atomic store
+	// (an exchange, which waits for every store before it) is needed
+	// then.
+	if !e.eng.reapsNow(r) {
+		r.doneFlag.Store(true)
+	}
 	if g := r.group; g != nil {
 		g.push(r)
 		select {

@@ -98,6 +98,11 @@ type engine struct {
 	badFrames uint64 // frames that failed to decode or name no endpoint
 	// +checklocks:mu
 	visiting bool // the driver is inside RecvVisit: nobody may call the link
+	// dispatching: the lock is held by the driver handling a batch of
+	// frames and the timers after it (so g.reap, which the driver owns,
+	// may be read).
+	// +checklocks:mu
+	dispatching bool
 	// Pull budget: frames asked for by all pulls and not arrived yet, at
 	// most maxPullFrames (half the link's receive buffering).
 	// nextTimer is when the earliest timer of any endpoint is due, or
@@ -440,6 +445,7 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	} else {
 		now = g.driverNow()
 		g.mu.Lock()
+		g.dispatching = true
 		for i := 0; i < n; i++ {
 			g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
 		}
@@ -448,9 +454,10 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 		g.nowPolls = 0 // handling the frames took time
 	}
 	g.runTimers(now)
-	if h := g.reap.h; h.r != nil && !g.reaped && h.r.doneFlag.Load() && h.valid() && h.r.ep == g.reap.e {
+	if h := g.reap.h; h.r != nil && !g.reaped && h.r.done && h.valid() && h.r.ep == g.reap.e {
 		g.reapSt, g.reaped = h.r.ep.collect(h.r), true
 	}
+	g.dispatching = false
 	g.flushAndUnlock()
 	return err
 }
@@ -488,7 +495,7 @@ func (v *rxVisitor) Visit(f []byte) {
 		}
 		g.mu.Lock()
 		v.locked = true
-		g.visiting = true
+		g.visiting, g.dispatching = true, true
 		v.now = g.driverNow()
 	}
 	g.dispatch(f, v.now)
@@ -724,6 +731,20 @@ func (g *engine) driveReaping(ctx context.Context, done func() bool, reap reapin
 		err = nil // the request completed, whatever came after
 	}
 	return st, reaped, err
+}
+
+// reapsNow reports whether r, completing now, is the request the driver
+// collects at the end of the batch it is handling (driveOnce): the lock
+// is held by the driver, r is its Wait's, and no other goroutine sleeps
+// on r.
+//
+// +checklocks:g.mu
+func (g *engine) reapsNow(r *request) bool {
+	if !g.dispatching || g.reaped {
+		return false
+	}
+	h := g.reap.h
+	return h.r == r && h.gen == r.gen && r.ep == g.reap.e && r.waiters.Load() == 0
 }
 
 // reaping names a request for its waiting driver to collect: handle h, if

@@ -133,7 +133,7 @@ func (p *peer) failAll(code Code) {
 	// Messages in the window and waiting for it.
 	for i := range p.win {
 		s := &p.win[i]
-		if s.used && s.req != nil && !s.req.doneFlag.Load() {
+		if s.used && s.req != nil && !s.req.done {
 			e.complete(s.req, code)
 		}
 		s.req = nil
@@ -387,7 +387,7 @@ func (p *peer) onAck(ack uint32, now int64) {
 		}
 		if r := s.req; r != nil {
 			r.unacked--
-			if s.last && !r.rndv && r.unacked == 0 && !r.doneFlag.Load() {
+			if s.last && !r.rndv && r.unacked == 0 && !r.done {
 				r.status.XferLen = r.length
 				e.complete(r, Success)
 			}

@@ -19,13 +19,14 @@ const (
 // request is the engine's record of one operation. Requests are recycled
 // through the endpoint's free list; the user holds a Request handle whose
 // generation must match. All fields are guarded by the engine lock except
-// doneFlag and wake.
+// doneFlag, wake and waiters.
 type request struct {
 	ep   *Endpoint
 	gen  uint32
 	kind reqKind
 
-	doneFlag  atomic.Bool   // completed: status is final (set under the engine lock)
+	done      bool          // completed: status is final
+	doneFlag  atomic.Bool   // done, for Wait's look without the lock (see Endpoint.complete)
 	wake      chan struct{} // capacity 1: signalled at completion if waiters > 0
 	waiters   atomic.Int32  // goroutines asleep in Wait on this request (not the one driving)
 	forgotten bool          // Forget: release at completion, report nothing

@@ -408,9 +408,14 @@ func (e *Endpoint) callHandler(p *peer, match uint64, n int, data []byte) (Handl
 	}
 	m := UnexpectedMessage{Source: p.addr, Match: match, Length: n, Data: data}
 	g := e.eng
+	// Others may take the lock while the handler runs: they are not the
+	// driver.
+	dispatching := g.dispatching
+	g.dispatching = false
 	g.mu.Unlock()
 	act := h(m)
 	g.mu.Lock()
+	g.dispatching = dispatching
 	if e.closed || e.peers[p.addr] != p {
 		return act, false
 	}
