@@ -103,8 +103,6 @@ type engine struct {
 	// may be read).
 	// +checklocks:mu
 	dispatching bool
-	// Pull budget: frames asked for by all pulls and not arrived yet, at
-	// most maxPullFrames (half the link's receive buffering).
 	// nextTimer is when the earliest timer of any endpoint is due, or
 	// earlier (0: none): Endpoint.armAt lowers it, runTimers recomputes
 	// it. A driver looks at it instead of at every endpoint, which an
@@ -114,6 +112,8 @@ type engine struct {
 	// acksDue: some endpoint holds delayed acks (Endpoint.acksDue).
 	// +checklocks:mu
 	acksDue bool
+	// Pull budget: frames asked for by all pulls and not arrived yet, at
+	// most maxPullFrames (half the link's receive buffering).
 	// +checklocks:mu
 	pullFrames, maxPullFrames int
 	// +checklocks:mu
@@ -454,8 +454,8 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 		g.nowPolls = 0 // handling the frames took time
 	}
 	g.runTimers(now)
-	if h := g.reap.h; h.r != nil && !g.reaped && h.r.done && h.valid() && h.r.ep == g.reap.e {
-		g.reapSt, g.reaped = h.r.ep.collect(h.r), true
+	if r := g.reapTarget(); r != nil && r.done {
+		g.reapSt, g.reaped = r.ep.collect(r), true
 	}
 	g.dispatching = false
 	g.flushAndUnlock()
@@ -733,6 +733,18 @@ func (g *engine) driveReaping(ctx context.Context, done func() bool, reap reapin
 	return st, reaped, err
 }
 
+// reapTarget returns the request the driver's Wait names, while it is
+// still to be collected, its handle is valid and it is of the Wait's
+// endpoint; else nil. Only the driver may call it.
+//
+// +checklocks:g.mu
+func (g *engine) reapTarget() *request {
+	if h := g.reap.h; h.r != nil && !g.reaped && h.valid() && h.r.ep == g.reap.e {
+		return h.r
+	}
+	return nil
+}
+
 // reapsNow reports whether r, completing now, is the request the driver
 // collects at the end of the batch it is handling (driveOnce): the lock
 // is held by the driver, r is its Wait's, and no other goroutine sleeps
@@ -740,11 +752,7 @@ func (g *engine) driveReaping(ctx context.Context, done func() bool, reap reapin
 //
 // +checklocks:g.mu
 func (g *engine) reapsNow(r *request) bool {
-	if !g.dispatching || g.reaped {
-		return false
-	}
-	h := g.reap.h
-	return h.r == r && h.gen == r.gen && r.ep == g.reap.e && r.waiters.Load() == 0
+	return g.dispatching && g.reapTarget() == r && r.waiters.Load() == 0
 }
 
 // reaping names a request for its waiting driver to collect: handle h, if
