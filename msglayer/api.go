@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
 )
 
 // Connect connects to the endpoint at a, presenting key, and waits for the
@@ -193,6 +195,7 @@ func (e *Endpoint) Issend(dst Addr, match uint64, segs [][]byte, ctx any) (Reque
 }
 
 func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bool, grp *Group) (Request, error) {
+	xdp.Trace(e.eng.traceSide, xdp.TraceSendCall)
 	n, err := checkSegs(segs)
 	if err != nil {
 		return Request{}, err

@@ -28,6 +28,7 @@ func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.D
 				return
 			}
 			st, err := b.Wait(ctx, r)
+			xdp.Trace(1, xdp.TraceReturned)
 			if err != nil {
 				echoed <- err
 				return
@@ -36,6 +37,7 @@ func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.D
 				echoed <- nil
 				return
 			}
+			xdp.Trace(1, xdp.TraceAnswer)
 			s, err := b.Isend(a.Addr(), 2, segs, nil)
 			if err != nil {
 				echoed <- err
@@ -55,6 +57,7 @@ func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.D
 			tb.Fatal(err)
 		}
 		start := time.Now()
+		xdp.Trace(0, xdp.TraceStart)
 		s, err := a.Isend(b.Addr(), 0, outSegs, nil)
 		if err != nil {
 			tb.Fatal(err)
@@ -62,6 +65,7 @@ func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.D
 		if _, err := a.Wait(ctx, r); err != nil {
 			tb.Fatal(err)
 		}
+		xdp.Trace(0, xdp.TraceReturned)
 		if rtts != nil {
 			rtts = append(rtts, time.Since(start))
 		}

@@ -40,6 +40,8 @@ type engine struct {
 	mtu          int
 	ethType      uint16
 	busyPoll     bool
+	// traceSide is the log of the link's trace points (xdp.Trace).
+	traceSide int
 	// spinFirst: in blocking mode, a wait polls this long before it
 	// sleeps in the kernel (0: it sleeps at once). Read-only.
 	spinFirst time.Duration
@@ -219,6 +221,9 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	g.visitor, _ = base.(xdp.FrameVisitor)
 	g.builder, _ = base.(xdp.FrameBuilder)
 	g.gather, _ = base.(xdp.BufferLink)
+	if t, ok := base.(interface{ TraceSide() int }); ok {
+		g.traceSide = t.TraceSide()
+	}
 	// A given link lends what it has; one we open, what we asked for.
 	g.lendsBuffers = g.gather != nil && (cfg.Link != nil || cfg.UMEMBufferBytes > 0)
 	g.vis.g = g
@@ -499,6 +504,7 @@ func (v *rxVisitor) Visit(f []byte) {
 		v.now = g.driverNow()
 	}
 	g.dispatch(f, v.now)
+	xdp.Trace(g.traceSide, xdp.TraceDispatched)
 }
 
 // sleepFor returns how long the driver may sleep: until the earliest

@@ -249,6 +249,7 @@ func (l *AFXDPLink) visitReady(max int, v Visitor) int {
 	if avail == 0 {
 		return 0
 	}
+	Trace(l.traceSide, TraceRxSeen)
 	l.fill.free(avail)
 	end := l.rx.cachedCons + avail
 	p := rxPending{start: l.rx.cachedCons}

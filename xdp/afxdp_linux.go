@@ -178,6 +178,8 @@ type AFXDPLink struct {
 	// rxScratch reassembles a multi-buffer packet for RecvVisit.
 	// +checklocks:rxMu
 	rxScratch []byte
+	// traceSide is the log this link's trace points go to (xmxtrace).
+	traceSide int
 
 	txMu sync.Mutex
 	// +checklocks:txMu
@@ -290,6 +292,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 		sendWait:  cfg.SendTimeout,
 		fd:        -1,
 		efd:       -1,
+		traceSide: nextTraceSide(),
 	}
 	// Undo partial set-up in reverse order on failure.
 	var undo []func()
@@ -468,6 +471,10 @@ func (l *AFXDPLink) HardwareAddr() net.HardwareAddr { return l.hw }
 // MTU implements Link.
 func (l *AFXDPLink) MTU() int { return l.mtu }
 
+// TraceSide is the side this link's trace points are logged under in an
+// xmxtrace build (see Trace).
+func (l *AFXDPLink) TraceSide() int { return l.traceSide }
+
 // ZeroCopy reports whether the socket is bound in zero-copy mode.
 func (l *AFXDPLink) ZeroCopy() bool { return l.zeroCopy }
 
@@ -619,6 +626,7 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 	if avail == 0 || len(bufs) == 0 {
 		return 0
 	}
+	Trace(l.traceSide, TraceRxSeen)
 	// The fill ring is as large as the receive half of the UMEM, so it always
 	// has room for the frames the RX ring hands back.
 	l.fill.free(avail)
@@ -874,7 +882,9 @@ func (l *AFXDPLink) kickTx() error {
 		if !l.tx.needWakeup() {
 			return nil
 		}
+		Trace(l.traceSide, TraceKick)
 		err := l.kick(unix.SYS_SENDTO)
+		Trace(l.traceSide, TraceKicked)
 		switch err {
 		case nil:
 			if atomic.LoadUint32(l.tx.consumer) == l.tx.cachedProd {

@@ -50,6 +50,7 @@ func PingPong(a, b xdp.Link, size, warmup, n int) (PingPongResult, error) {
 		seq := uint64(i)
 		binary.BigEndian.PutUint64(out[seqOff:], seq)
 		start := time.Now()
+		xdp.Trace(0, xdp.TraceStart)
 		if _, err = a.Send(frames); err != nil {
 			break
 		}
@@ -64,6 +65,7 @@ func PingPong(a, b xdp.Link, size, warmup, n int) (PingPongResult, error) {
 				break
 			}
 			if sizes[0] >= seqOff+8 && binary.BigEndian.Uint64(in[0][seqOff:]) == seq {
+				xdp.Trace(0, xdp.TraceReturned)
 				if i >= warmup {
 					res.RTTs = append(res.RTTs, time.Since(start))
 				}
@@ -93,6 +95,9 @@ func echo(l xdp.Link, stop *atomic.Bool) error {
 		if err != nil {
 			return err
 		}
+		if k > 0 {
+			xdp.Trace(1, xdp.TraceReturned)
+		}
 		for i := 0; i < k; i++ {
 			f := bufs[i][:sizes[i]]
 			var mac [6]byte
@@ -102,6 +107,7 @@ func echo(l xdp.Link, stop *atomic.Bool) error {
 			out[i] = f
 		}
 		if k > 0 {
+			xdp.Trace(1, xdp.TraceAnswer)
 			if _, err := l.Send(out[:k]); err != nil {
 				return err
 			}

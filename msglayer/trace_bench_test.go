@@ -1,0 +1,120 @@
+//go:build xmxtrace
+
+package msglayer_test
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/internal/linkbench"
+	"github.com/xmx-stack/xmx/internal/netlab"
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// BenchmarkTraceAFXDP is BenchmarkPingPongAFXDP's busy-poll ping-pong
+// (the raw link floor, then msglayer), traced: it prints, for each
+// subbenchmark, the median time from the start of a round trip to the
+// first time each point is passed in each half of it, and the step from
+// the point before. Run it with the tag that turns the points on:
+//
+//	go test -tags xmxtrace -run XXX -bench TraceAFXDP -benchtime 100000x ./msglayer
+//
+// Side a sends the ping and receives the answer; side b answers.
+func BenchmarkTraceAFXDP(b *testing.B) {
+	lab := netlab.New(b, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	b.Run("link-floor", func(b *testing.B) {
+		var la, lb xdp.Link
+		xdp.ResetTraceSides()
+		if err := h1.Do(func() (err error) { la, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: true}); return }); err != nil {
+			b.Fatal(err)
+		}
+		defer la.Close()
+		if err := h2.Do(func() (err error) { lb, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: true}); return }); err != nil {
+			b.Fatal(err)
+		}
+		defer lb.Close()
+		linkbench.PingPong(la, lb, 64, 1000, 1000)
+		xdp.StartTrace()
+		res, err := linkbench.PingPong(la, lb, 64, 0, b.N)
+		events, tick := xdp.StopTrace()
+		if err != nil {
+			b.Fatal(err)
+		}
+		reportRTT(b, res.RTTs, 0)
+		printTrace(b, events, tick)
+	})
+	b.Run("msglayer", func(b *testing.B) {
+		xdp.ResetTraceSides()
+		w := labWorld2(b, lab)
+		a, c := w.pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+		pingPong(b, a, c, 8, 1000, nil)
+		xdp.StartTrace()
+		rtts := pingPong(b, a, c, 8, b.N, make([]time.Duration, 0, b.N))
+		events, tick := xdp.StopTrace()
+		reportRTT(b, rtts, 0)
+		printTrace(b, events, tick)
+	})
+}
+
+// printTrace splits the merged events at side a's start points and prints
+// the median offset of each (half, point, side) seen in most round trips.
+func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
+	if b.N < 1000 {
+		return // the calibration run
+	}
+	slices.SortStableFunc(events, func(x, y xdp.TraceEvent) int { return int(x.TSC - y.TSC) })
+	type key struct {
+		half  int // 0: the ping, 1: the answer (from side b's answer point on)
+		point xdp.TracePoint
+		side  int32
+	}
+	offsets := map[key][]int64{}
+	rounds := 0
+	isStart := func(e xdp.TraceEvent) bool { return e.Point == xdp.TraceStart && e.Side == 0 }
+	for i := 0; i < len(events); {
+		if !isStart(events[i]) {
+			i++
+			continue
+		}
+		j := i + 1
+		for j < len(events) && !isStart(events[j]) {
+			j++
+		}
+		round, seen, half := events[i:j], map[key]bool{}, 0
+		i = j
+		rounds++
+		for _, e := range round {
+			if e.Point == xdp.TraceAnswer && e.Side == 1 {
+				half = 1
+			}
+			k := key{half, e.Point, e.Side}
+			if !seen[k] {
+				seen[k] = true
+				offsets[k] = append(offsets[k], e.TSC-round[0].TSC)
+			}
+		}
+	}
+	type row struct {
+		k      key
+		median float64
+	}
+	var rows []row
+	for k, d := range offsets {
+		if len(d) < rounds/2 {
+			continue // a point of some round trips only (a retransmission, an ack)
+		}
+		slices.Sort(d)
+		rows = append(rows, row{k, float64(d[len(d)/2]) * nsPerTick})
+	}
+	slices.SortFunc(rows, func(x, y row) int { return int(x.median - y.median) })
+	fmt.Printf("%s: %d round trips; median ns from the start to each point\n", b.Name(), rounds)
+	prev := 0.0
+	for _, r := range rows {
+		fmt.Printf("  %s %-11s side %c %7.0f   step %6.0f\n", [2]string{"ping  ", "answer"}[r.k.half], r.k.point, "ab"[r.k.side], r.median, r.median-prev)
+		prev = r.median
+	}
+}

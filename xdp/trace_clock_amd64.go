@@ -1,0 +1,5 @@
+//go:build xmxtrace
+
+package xdp
+
+func traceClock() int64
