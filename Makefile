@@ -37,6 +37,7 @@ fmt-check:
 
 vet:
 	$(GO) vet ./...
+	$(GO) vet -tags xmxtrace ./xdp ./msglayer ./internal/...
 
 # The whole suite, privileged tests included (they skip without root unless
 # XMX_REQUIRE_PRIVILEGED=1, which turns a skip into a failure).
