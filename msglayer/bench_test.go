@@ -121,19 +121,12 @@ func BenchmarkPingPongMem(b *testing.B) {
 // run with the same links (linkbench), in busy-poll and blocking mode.
 func BenchmarkPingPongAFXDP(b *testing.B) {
 	lab := netlab.New(b, netlab.Options{Hosts: 2})
-	h1, h2 := lab.Hosts[0], lab.Hosts[1]
 	for _, busy := range []bool{true, false} {
 		mode := map[bool]string{true: "busy", false: "blocking"}[busy]
 		var floor time.Duration
 		b.Run("link-floor-"+mode, func(b *testing.B) {
-			var la, lb xdp.Link
-			if err := h1.Do(func() (err error) { la, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: busy}); return }); err != nil {
-				b.Fatal(err)
-			}
+			la, lb := floorLinks(b, lab, busy)
 			defer la.Close()
-			if err := h2.Do(func() (err error) { lb, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: busy}); return }); err != nil {
-				b.Fatal(err)
-			}
 			defer lb.Close()
 			linkbench.PingPong(la, lb, 64, 1000, 1000)
 			b.ResetTimer()
@@ -150,6 +143,25 @@ func BenchmarkPingPongAFXDP(b *testing.B) {
 			reportRTT(b, measurePingPong(b, a, c), floor)
 		})
 	}
+}
+
+// floorLinks opens the raw AF_XDP links of a link floor on the lab's
+// first two hosts (spinning in Recv if spin); the caller closes them.
+func floorLinks(b *testing.B, lab *netlab.Lab, spin bool) (la, lb xdp.Link) {
+	var links [2]*xdp.AFXDPLink
+	for i := range links {
+		h := lab.Hosts[i]
+		if err := h.Do(func() (err error) {
+			links[i], err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: h.Interface, Spin: spin})
+			return
+		}); err != nil {
+			if i > 0 {
+				links[0].Close()
+			}
+			b.Fatalf("open the floor's link on %s: %v", h.Name, err)
+		}
+	}
+	return links[0], links[1]
 }
 
 // labWorld2 is labWorld on an existing lab.

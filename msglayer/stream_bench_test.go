@@ -93,14 +93,7 @@ func BenchmarkStreamAFXDP(b *testing.B) {
 	for _, mtu := range []int{1500, 3506, 9000} {
 		b.Run(fmt.Sprint("mtu", mtu), func(b *testing.B) {
 			lab := netlab.New(b, netlab.Options{Hosts: 2, MTU: mtu})
-			h1, h2 := lab.Hosts[0], lab.Hosts[1]
-			var la, lb xdp.Link
-			if err := h1.Do(func() (err error) { la, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: true}); return }); err != nil {
-				b.Fatal(err)
-			}
-			if err := h2.Do(func() (err error) { lb, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: true}); return }); err != nil {
-				b.Fatal(err)
-			}
+			la, lb := floorLinks(b, lab, true)
 			res, err := linkbench.Stream(la, lb, mtu+xdp.EthHeaderLen, time.Second, 1<<22)
 			la.Close()
 			lb.Close()

@@ -25,17 +25,10 @@ import (
 // Side a sends the ping and receives the answer; side b answers.
 func BenchmarkTraceAFXDP(b *testing.B) {
 	lab := netlab.New(b, netlab.Options{Hosts: 2})
-	h1, h2 := lab.Hosts[0], lab.Hosts[1]
 	b.Run("link-floor", func(b *testing.B) {
-		var la, lb xdp.Link
 		xdp.ResetTraceSides()
-		if err := h1.Do(func() (err error) { la, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: true}); return }); err != nil {
-			b.Fatal(err)
-		}
+		la, lb := floorLinks(b, lab, true)
 		defer la.Close()
-		if err := h2.Do(func() (err error) { lb, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: "eth0", Spin: true}); return }); err != nil {
-			b.Fatal(err)
-		}
 		defer lb.Close()
 		linkbench.PingPong(la, lb, 64, 1000, 1000)
 		xdp.StartTrace()

@@ -2,9 +2,6 @@
 
 package xdp
 
-// Tracing reports whether this build records trace points (tag xmxtrace).
-const Tracing = false
-
 // Trace records point p for side; without the xmxtrace tag it does nothing.
 func Trace(side int, p TracePoint) {}
 

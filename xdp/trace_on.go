@@ -7,25 +7,17 @@ import (
 	"time"
 )
 
-// Tracing reports whether this build records trace points (tag xmxtrace).
-const Tracing = true
-
 const traceCap = 1 << 22 // events per side
 
 // traceOn gates recording; traceLogs[s][:traceN[s]] is side s's log,
-// written only by the goroutine driving side s.
+// written only by the goroutine driving side s. The logs (64 MiB each)
+// are made by the first StartTrace, not by every xmxtrace binary.
 var (
 	traceOn    atomic.Bool
 	traceLogs  [2][]TraceEvent
 	traceN     [2]int
 	traceSides atomic.Int32
 )
-
-func init() {
-	for s := range traceLogs {
-		traceLogs[s] = make([]TraceEvent, traceCap)
-	}
-}
 
 // nextTraceSide returns the side of a newly opened link: links opened one
 // after the other alternate between 0 and 1.
@@ -45,6 +37,11 @@ func Trace(side int, p TracePoint) {
 
 // StartTrace empties the logs and starts recording.
 func StartTrace() {
+	for s := range traceLogs {
+		if traceLogs[s] == nil {
+			traceLogs[s] = make([]TraceEvent, traceCap)
+		}
+	}
 	traceN = [2]int{}
 	traceOn.Store(true)
 }
