@@ -4,6 +4,7 @@ package msglayer_test
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -14,20 +15,32 @@ import (
 	"github.com/xmx-stack/xmx/xdp"
 )
 
-// BenchmarkTraceAFXDP is BenchmarkPingPongAFXDP's busy-poll ping-pong
-// (the raw link floor, then msglayer), traced: it prints, for each
-// subbenchmark, the median time from the start of a round trip to the
-// first time each point is passed in each half of it, and the step from
-// the point before. Run it with the tag that turns the points on:
+// BenchmarkTraceAFXDP is BenchmarkPingPongAFXDP's ping-pong (the raw
+// link floor, then msglayer; busy-poll, then blocking), traced: it
+// prints, for each subbenchmark, the median time from the start of a
+// round trip to the first time each point is passed in each half of it,
+// and the step from the point before. With XMX_TRACE_DUMP set it also
+// prints ten whole round trips, point by point (medians of first passes
+// hide the order of events in blocking mode, where a side may sleep or
+// not). Run it with the tag that turns the points on:
 //
 //	go test -tags xmxtrace -run XXX -bench TraceAFXDP -benchtime 100000x ./msglayer
 //
 // Side a sends the ping and receives the answer; side b answers.
 func BenchmarkTraceAFXDP(b *testing.B) {
 	lab := netlab.New(b, netlab.Options{Hosts: 2})
-	b.Run("link-floor", func(b *testing.B) {
+	for _, busy := range []bool{true, false} {
+		traceModes(b, lab, busy)
+	}
+}
+
+// traceModes runs BenchmarkTraceAFXDP's two subbenchmarks in busy-poll
+// or blocking mode.
+func traceModes(b *testing.B, lab *netlab.Lab, busy bool) {
+	mode := map[bool]string{true: "busy", false: "blocking"}[busy]
+	b.Run("link-floor-"+mode, func(b *testing.B) {
 		xdp.ResetTraceSides()
-		la, lb := floorLinks(b, lab, true)
+		la, lb := floorLinks(b, lab, busy)
 		defer la.Close()
 		defer lb.Close()
 		linkbench.PingPong(la, lb, 64, 1000, 1000)
@@ -40,10 +53,10 @@ func BenchmarkTraceAFXDP(b *testing.B) {
 		reportRTT(b, res.RTTs, 0)
 		printTrace(b, events, tick)
 	})
-	b.Run("msglayer", func(b *testing.B) {
+	b.Run("msglayer-"+mode, func(b *testing.B) {
 		xdp.ResetTraceSides()
 		w := labWorld2(b, lab)
-		a, c := w.pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+		a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
 		pingPong(b, a, c, 8, 1000, nil)
 		xdp.StartTrace()
 		rtts := pingPong(b, a, c, 8, b.N, make([]time.Duration, 0, b.N))
@@ -80,6 +93,12 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		round, seen, half := events[i:j], map[key]bool{}, 0
 		i = j
 		rounds++
+		if rounds > b.N/2 && rounds <= b.N/2+10 && os.Getenv("XMX_TRACE_DUMP") != "" {
+			for _, e := range round {
+				fmt.Printf("    %c %-11s %7.0f\n", "ab"[e.Side], e.Point, float64(e.TSC-round[0].TSC)*nsPerTick)
+			}
+			fmt.Println()
+		}
 		for _, e := range round {
 			if e.Point == xdp.TraceAnswer && e.Side == 1 {
 				half = 1

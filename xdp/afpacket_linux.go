@@ -95,11 +95,11 @@ type AFPacketLink struct {
 	// at rxIov[i], whose Base points at the caller's bufs[i] during a Recv
 	// (and is cleared before Recv returns, so the link does not pin the
 	// caller's buffers).
-	rxMu   sync.Mutex
-	rxMsgs []mmsghdr
-	rxIov  []unix.Iovec
-	rxPoll [3]unix.PollFd // socket POLLIN, eventfd POLLIN, wake eventfd POLLIN
-	rxTs   unix.Timespec  // poll timeout of a bounded Recv
+	rxMu    sync.Mutex
+	rxMsgs  []mmsghdr
+	rxIov   []unix.Iovec
+	rxPoll  [3]unix.PollFd // socket POLLIN, eventfd POLLIN, wake eventfd POLLIN
+	rxTimer recvTimer      // bounds a Recv's wait
 	// rxVisit holds Batch receive slots of rxSlot bytes into which RecvVisit
 	// receives and where it shows the frames; allocated by the first
 	// RecvVisit.
@@ -610,11 +610,10 @@ func (l *AFPacketLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int
 // recvLocked receives into rxMsgs[:n], waiting as timeout says. The caller
 // holds rxMu.
 func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
-	var deadline time.Time
-	if timeout > 0 {
-		deadline = time.Now().Add(timeout)
+	if timeout != 0 {
+		l.rxTimer.start(timeout)
 	}
-	for {
+	for spins := 0; ; spins++ {
 		r, e := recvmmsg(l.fd, l.rxMsgs[:n], unix.MSG_DONTWAIT)
 		if r > 0 {
 			return r, nil
@@ -632,20 +631,15 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		if l.closed.Load() {
 			return 0, l.opErr("recv", net.ErrClosed)
 		}
-		var ts *unix.Timespec
-		if timeout > 0 {
-			left := time.Until(deadline)
-			if left <= 0 {
+		if l.spin {
+			if l.rxTimer.spunOut(spins) {
 				return 0, nil
 			}
-			if l.spin {
-				continue
-			}
-			l.rxTs = unix.NsecToTimespec(int64(left))
-			ts = &l.rxTs
-		}
-		if l.spin {
 			continue
+		}
+		ts, ok := l.rxTimer.pollTimeout()
+		if !ok {
+			return 0, nil
 		}
 		l.rxPoll[0].Revents, l.rxPoll[1].Revents, l.rxPoll[2].Revents = 0, 0, 0
 		l.wakeups.Add(1)

@@ -174,7 +174,7 @@ type AFXDPLink struct {
 	// +checklocks:rxMu
 	rxPoll [3]unix.PollFd // socket, close eventfd, wake eventfd
 	// +checklocks:rxMu
-	rxTimeout unix.Timespec
+	rxTimer recvTimer
 	// rxScratch reassembles a multi-buffer packet for RecvVisit.
 	// +checklocks:rxMu
 	rxScratch []byte
@@ -545,9 +545,8 @@ func (l *AFXDPLink) rxIdle() bool {
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, timeout time.Duration) (int, error) {
-	var deadline time.Time
-	if timeout > 0 {
-		deadline = time.Now().Add(timeout)
+	if timeout != 0 {
+		l.rxTimer.start(timeout)
 	}
 	for spins := 0; ; spins++ {
 		var n int
@@ -569,21 +568,19 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 			return 0, l.closedErr("recv")
 		}
 		if l.spin {
-			// Reading the clock costs tens of nanoseconds; check it every
-			// few hundred turns only.
-			if timeout > 0 && spins&255 == 255 && !time.Now().Before(deadline) {
+			if l.rxTimer.spunOut(spins) {
 				return 0, nil
 			}
 			continue
 		}
-		wait := time.Duration(-1)
-		if timeout > 0 {
-			wait = time.Until(deadline)
-			if wait <= 0 {
-				return 0, nil
-			}
+		ts, ok := l.rxTimer.pollTimeout()
+		if !ok {
+			return 0, nil
 		}
-		if err := l.wait(l.rxPoll[:], &l.rxTimeout, wait); err != nil {
+		Trace(l.traceSide, TraceSleep)
+		err := l.wait(l.rxPoll[:], ts)
+		Trace(l.traceSide, TraceWoke)
+		if err != nil {
 			return 0, &OpError{Op: "recv: poll", Interface: l.ifname, Err: err}
 		}
 		if l.rxPoll[1].Revents != 0 {
@@ -922,8 +919,8 @@ func (l *AFXDPLink) waitTx(since time.Time) error {
 	if l.spin {
 		return nil
 	}
-	var ts unix.Timespec
-	if err := l.wait(l.txPoll[:], &ts, 100*time.Microsecond); err != nil {
+	ts := unix.NsecToTimespec(int64(100 * time.Microsecond))
+	if err := l.wait(l.txPoll[:], &ts); err != nil {
 		return &OpError{Op: "send: poll", Interface: l.ifname, Err: err}
 	}
 	if l.txPoll[1].Revents != 0 {
@@ -942,16 +939,12 @@ func (l *AFXDPLink) kick(trap uintptr) error {
 	return nil
 }
 
-// wait sleeps in ppoll(2) on fds for at most d (d < 0: no bound). EINTR is
-// not an error: the caller re-checks its rings.
-func (l *AFXDPLink) wait(fds []unix.PollFd, ts *unix.Timespec, d time.Duration) error {
+// wait sleeps in ppoll(2) on fds until one is ready or the time in ts
+// is up (nil: no bound); ppoll leaves the time left in ts. EINTR is not an
+// error: the caller re-checks its rings.
+func (l *AFXDPLink) wait(fds []unix.PollFd, ts *unix.Timespec) error {
 	l.wakeups.Add(1)
-	var tsp *unix.Timespec
-	if d >= 0 {
-		*ts = unix.NsecToTimespec(int64(d))
-		tsp = ts
-	}
-	if _, e := pollFds(fds, tsp); e != 0 && e != unix.EINTR {
+	if _, e := pollFds(fds, ts); e != 0 && e != unix.EINTR {
 		return e
 	}
 	return nil

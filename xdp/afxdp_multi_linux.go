@@ -41,7 +41,7 @@ type AFXDPMultiLink struct {
 	// +checklocks:rxMu
 	pollFds []unix.PollFd // every socket, then every close eventfd, then wk's
 	// +checklocks:rxMu
-	ts unix.Timespec
+	timer recvTimer
 
 	// txMu serialises SendBuilt.
 	txMu sync.Mutex
@@ -216,9 +216,8 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 	}
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
-	var deadline time.Time
-	if timeout > 0 {
-		deadline = time.Now().Add(timeout)
+	if timeout != 0 {
+		m.timer.start(timeout)
 	}
 	for spins := 0; ; spins++ {
 		got := 0
@@ -247,19 +246,14 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 			return 0, m.links[0].closedErr("recv")
 		}
 		if m.spin {
-			if timeout > 0 && spins&255 == 255 && !time.Now().Before(deadline) {
+			if m.timer.spunOut(spins) {
 				return 0, nil
 			}
 			continue
 		}
-		var tsp *unix.Timespec
-		if timeout > 0 {
-			wait := time.Until(deadline)
-			if wait <= 0 {
-				return 0, nil
-			}
-			m.ts = unix.NsecToTimespec(int64(wait))
-			tsp = &m.ts
+		tsp, ok := m.timer.pollTimeout()
+		if !ok {
+			return 0, nil
 		}
 		if _, e := pollFds(m.pollFds, tsp); e != 0 && e != unix.EINTR {
 			return 0, &OpError{Op: "recv: poll", Interface: m.links[0].ifname, Err: e}

@@ -21,6 +21,8 @@ const (
 	TraceSendCall                     // msglayer: Isend entered
 	TraceKick                         // link: sendto about to be called
 	TraceKicked                       // link: sendto returned
+	TraceSleep                        // link: a receive goes to sleep in poll
+	TraceWoke                         // link: a receive's poll returned
 	TraceRxSeen                       // link: a receive found frames on the RX ring
 	TraceDispatched                   // msglayer: a received frame was handled
 	TraceReturned                     // benchmark: the receiver's Wait (or Recv) returned
@@ -28,7 +30,7 @@ const (
 	numTracePoints
 )
 
-var tracePointNames = [numTracePoints]string{"start", "send-call", "kick", "kicked", "rx-seen", "dispatched", "returned", "answer"}
+var tracePointNames = [numTracePoints]string{"start", "send-call", "kick", "kicked", "sleep", "woke", "rx-seen", "dispatched", "returned", "answer"}
 
 func (p TracePoint) String() string {
 	if p >= 0 && p < numTracePoints {

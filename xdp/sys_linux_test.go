@@ -1,0 +1,82 @@
+package xdp
+
+import (
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestRecvTimerPoll checks what recvTimer relies on: ppoll(2) writes the
+// time left back into its timespec, nothing of it after a timeout and
+// most of it when a descriptor was ready at once; and the timer reports
+// the end of a bounded wait.
+func TestRecvTimerPoll(t *testing.T) {
+	fd, err := newEventFd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+
+	var tm recvTimer
+	tm.start(20 * time.Millisecond)
+	ts, ok := tm.pollTimeout()
+	if !ok || ts == nil {
+		t.Fatalf("pollTimeout at the start = %v, %v", ts, ok)
+	}
+	start := time.Now()
+	if n, e := pollFds(fds, ts); n != 0 || e != 0 {
+		t.Fatalf("ppoll on an idle eventfd = %d, %v", n, e)
+	}
+	if el := time.Since(start); el < 15*time.Millisecond {
+		t.Fatalf("ppoll(20ms) returned after %v", el)
+	}
+	if ts, ok := tm.pollTimeout(); ok {
+		t.Fatalf("pollTimeout after the wait timed out = %v, true (time left %v)", ts, ts)
+	}
+
+	tm.start(time.Second)
+	if err := eventfdSignal(fd); err != nil {
+		t.Fatal(err)
+	}
+	ts, _ = tm.pollTimeout()
+	if n, e := pollFds(fds, ts); n != 1 || e != 0 {
+		t.Fatalf("ppoll on a signalled eventfd = %d, %v", n, e)
+	}
+	if left := time.Duration(ts.Nano()); left < 900*time.Millisecond || left > time.Second {
+		t.Fatalf("time left after a ready descriptor = %v, want nearly 1s", left)
+	}
+	if _, ok := tm.pollTimeout(); !ok {
+		t.Fatal("pollTimeout with time left = false")
+	}
+
+	tm.start(-1)
+	if ts, ok := tm.pollTimeout(); ts != nil || !ok {
+		t.Fatalf("pollTimeout without a bound = %v, %v; want nil, true", ts, ok)
+	}
+}
+
+// TestRecvTimerSpin checks a spinning wait's bound: the clock is first
+// read at the 256th turn, and the time is up once the timeout has passed
+// since then.
+func TestRecvTimerSpin(t *testing.T) {
+	var tm recvTimer
+	tm.start(10 * time.Millisecond)
+	start := time.Now()
+	spins := 0
+	for ; !tm.spunOut(spins); spins++ {
+		if time.Since(start) > 5*time.Second {
+			t.Fatal("a 10 ms spinning wait did not end in 5 s")
+		}
+	}
+	if el := time.Since(start); el < 10*time.Millisecond {
+		t.Fatalf("spinning wait of 10 ms ended after %v", el)
+	}
+	tm.start(-1)
+	for spins := range 1024 {
+		if tm.spunOut(spins) {
+			t.Fatal("an unbounded spinning wait ended")
+		}
+	}
+}
