@@ -611,9 +611,9 @@ func (l *AFPacketLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int
 // holds rxMu.
 func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 	if timeout != 0 {
-		l.rxTimer.start(timeout)
+		l.rxTimer.start(timeout, l.spin)
 	}
-	for spins := 0; ; spins++ {
+	for {
 		r, e := recvmmsg(l.fd, l.rxMsgs[:n], unix.MSG_DONTWAIT)
 		if r > 0 {
 			return r, nil
@@ -632,7 +632,7 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 			return 0, l.opErr("recv", net.ErrClosed)
 		}
 		if l.spin {
-			if l.rxTimer.spunOut(spins) {
+			if l.rxTimer.expired() {
 				return 0, nil
 			}
 			continue

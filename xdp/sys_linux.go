@@ -56,22 +56,27 @@ func sendmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
 	return int(r), 0
 }
 
-// recvTimer bounds a receive's wait without reading the clock on the way
-// to sleep (a reading costs 40-70 ns on this project's virtual machines, on
-// the path from a send to the answer): ppoll(2) writes the time left back
-// into its timespec, so the timespec set at the start carries the bound
-// through every later poll. A spinning receive reads the clock once per
-// few hundred turns, from the first such turn on.
+// recvTimer bounds a receive's wait. A sleeping receive reads no clock on
+// its way to sleep (a reading costs 40-70 ns on this project's virtual
+// machines, on the path from a send to the answer): ppoll(2) writes the
+// time left back into its timespec, so the timespec set at the start
+// carries the bound through every later poll. A spinning receive has a
+// deadline, which its caller looks at as often as it can afford.
 type recvTimer struct {
 	ts       unix.Timespec
 	timeout  time.Duration // > 0: bounded
-	deadline time.Time     // spinning: set at the first look at the clock
+	deadline time.Time     // spinning
 }
 
-// start begins a wait of at most timeout (< 0: no bound).
-func (t *recvTimer) start(timeout time.Duration) {
-	t.timeout, t.deadline = timeout, time.Time{}
-	if timeout > 0 {
+// start begins a wait of at most timeout (< 0: no bound), spinning or
+// sleeping in ppoll.
+func (t *recvTimer) start(timeout time.Duration, spin bool) {
+	t.timeout = timeout
+	switch {
+	case timeout <= 0:
+	case spin:
+		t.deadline = time.Now().Add(timeout)
+	default:
 		t.ts = unix.NsecToTimespec(int64(timeout))
 	}
 }
@@ -88,18 +93,9 @@ func (t *recvTimer) pollTimeout() (*unix.Timespec, bool) {
 	return &t.ts, true
 }
 
-// spunOut reports, for a spinning receive at its spins-th turn, that the
-// time is up.
-func (t *recvTimer) spunOut(spins int) bool {
-	if t.timeout <= 0 || spins&255 != 255 {
-		return false
-	}
-	now := time.Now()
-	if t.deadline.IsZero() {
-		t.deadline = now.Add(t.timeout)
-		return false
-	}
-	return !now.Before(t.deadline)
+// expired reports that a spinning wait's deadline has passed.
+func (t *recvTimer) expired() bool {
+	return t.timeout > 0 && !time.Now().Before(t.deadline)
 }
 
 // pollFds is ppoll(2) without a signal mask: it waits until one of fds is
