@@ -9,15 +9,23 @@ import (
 
 const traceCap = 1 << 22 // events per side
 
-// traceOn gates recording; traceLogs[s][:traceN[s]] is side s's log,
+// traceOn gates recording; traceLogs[s][:traceN[s].n] is side s's log,
 // written only by the goroutine driving side s. The logs (64 MiB each)
-// are made by the first StartTrace, not by every xmxtrace binary.
+// are made by the first StartTrace, not by every xmxtrace binary. Each
+// side's count has a cache line of its own: the two sides write theirs at
+// every point, from two CPUs.
 var (
 	traceOn    atomic.Bool
 	traceLogs  [2][]TraceEvent
-	traceN     [2]int
+	traceN     [2]traceCount
 	traceSides atomic.Int32
 )
+
+type traceCount struct {
+	_ [64]byte
+	n int
+	_ [56]byte
+}
 
 // nextTraceSide returns the side of a newly opened link: links opened one
 // after the other alternate between 0 and 1.
@@ -29,9 +37,9 @@ func Trace(side int, p TracePoint) {
 		return
 	}
 	t := traceClock()
-	if n := traceN[side]; n < traceCap {
+	if n := traceN[side].n; n < traceCap {
 		traceLogs[side][n] = TraceEvent{Point: p, Side: int32(side), TSC: t}
-		traceN[side] = n + 1
+		traceN[side].n = n + 1
 	}
 }
 
@@ -42,7 +50,7 @@ func StartTrace() {
 			traceLogs[s] = make([]TraceEvent, traceCap)
 		}
 	}
-	traceN = [2]int{}
+	traceN = [2]traceCount{}
 	traceOn.Store(true)
 }
 
@@ -51,7 +59,7 @@ func StartTrace() {
 func StopTrace() (events []TraceEvent, nsPerTick float64) {
 	traceOn.Store(false)
 	for s := range traceLogs {
-		events = append(events, traceLogs[s][:traceN[s]]...)
+		events = append(events, traceLogs[s][:traceN[s].n]...)
 	}
 	t0, w0 := traceClock(), time.Now()
 	time.Sleep(20 * time.Millisecond)
