@@ -68,7 +68,6 @@ type engine struct {
 	// Owned by the driver (the drive token holder).
 	rxBufs  [][]byte
 	rxSizes []int
-	spins   uint64
 	vis     rxVisitor
 	// polledNow is the clock as the spinning driver last read it, good
 	// for nowPolls more empty polls (0: read the clock). A frame that
@@ -129,6 +128,11 @@ type engine struct {
 	// operation beyond the engine lock's.
 	// +checklocks:mu
 	flushing bool
+	// unstamped: window slots whose frames a flush handed to the link
+	// without reading the clock (txSlot.stamp). The next driver to read
+	// the clock stamps them (stampSent), within a batch or a sleep.
+	// +checklocks:mu
+	unstamped []*txSlot
 
 	txSending []txEntry // owned by the flusher
 	txFrames  [][]byte  // owned by the flusher
@@ -320,8 +324,9 @@ func (g *engine) queue(buf []byte, slot *txSlot) {
 // it is being sent (slot.pending).
 //
 // Reliable frames queued by an API call are stamped with their send time
-// here, after the link took them (txSlot.stamp): the clock is read off
-// the path from the call to the wire.
+// once the link took them (txSlot.stamp), but the flush reads no clock
+// for it: the driver that next reads one stamps them (stampSent). An API
+// call then reads no clock at all, on the way to the wire or after.
 func (g *engine) flushAndUnlock() {
 	// Inside a RecvVisit (an unexpected-message handler posting a
 	// receive), the link's locks are held: the driver flushes after it.
@@ -378,7 +383,7 @@ func (g *engine) flushAndUnlock() {
 			case e.slot != nil:
 				e.slot.pending--
 				if e.slot.stamp {
-					e.slot.stamped(clock())
+					g.unstamped = append(g.unstamped, e.slot)
 				}
 				if e.slot.pending == 0 {
 					repump = true
@@ -403,12 +408,37 @@ func (g *engine) flushAndUnlock() {
 				}
 			}
 		}
+		if now != 0 || len(g.unstamped) >= maxUnstamped {
+			g.stampSent(clock())
+		}
 		if len(g.txq) == 0 {
 			g.flushing = false
 			g.mu.Unlock()
 			return
 		}
 	}
+}
+
+// maxUnstamped bounds the frames sent and not stamped (engine.unstamped):
+// a flush that finds that many reads the clock and stamps them itself.
+const maxUnstamped = 256
+
+// stampSent stamps the frames handed to the link since the clock was last
+// read (engine.unstamped) with now, which is later than they left: their
+// timeouts count from now, and a round trip measured from it is short by
+// at most the time they waited, microseconds when a driver polls or is
+// about to sleep. A slot acknowledged meanwhile is not stamped, and one
+// queued again (pending) is stamped after its next flush.
+//
+// +checklocks:g.mu
+func (g *engine) stampSent(now int64) {
+	for i, s := range g.unstamped {
+		if s.stamp && s.pending == 0 {
+			s.stamped(now)
+		}
+		g.unstamped[i] = nil
+	}
+	g.unstamped = g.unstamped[:0]
 }
 
 // driveOnce receives one batch of frames (waiting up to timeout), handles
@@ -432,15 +462,12 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	}
 	if n == 0 && timeout == 0 {
 		// Spinning: reading the clock costs tens of nanoseconds, so read
-		// it every few empty polls, and look at the timers every few
-		// dozen.
-		if g.nowPolls--; g.nowPolls <= 0 {
-			g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
-		}
-		g.spins++
-		if g.spins&63 != 0 {
+		// it every few empty polls, and then look at the timers and stamp
+		// the frames sent meanwhile.
+		if g.nowPolls--; g.nowPolls > 0 {
 			return err
 		}
+		g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
 	}
 	var now int64
 	if g.vis.locked {
@@ -458,6 +485,9 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	if n > 0 {
 		g.nowPolls = 0 // handling the frames took time
 	}
+	// After the frames: an ack among them spares a stamp, and a round
+	// trip is never measured from a stamp made on the ack's arrival.
+	g.stampSent(now)
 	g.runTimers(now)
 	if r := g.reapTarget(); r != nil && r.done {
 		g.reapSt, g.reaped = r.ep.collect(r), true
@@ -535,6 +565,7 @@ const minKernelSleep = 5 * time.Millisecond
 func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	g.mu.Lock()
 	now := g.clock.Now()
+	g.stampSent(now)
 	g.runTimers(now)
 	if g.acksDue {
 		g.acksDue = false

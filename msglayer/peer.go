@@ -65,8 +65,9 @@ type txSlot struct {
 	pending   int32 // queued for or being handed to the link
 	retries   int32
 	used      bool
-	// stamp: sentAt and firstSent are not known yet; the flush that hands
-	// the frame to the link sets them and arms the timer (stamped).
+	// stamp: sentAt and firstSent are not known yet: the frame is on its
+	// way to the link, or was handed over and waits for the next clock
+	// reading (engine.stampSent), which sets them and arms the timer.
 	stamp  bool
 	sacked bool
 	first  bool // first frame of req
@@ -272,8 +273,8 @@ func (p *peer) header(t frameType) header {
 }
 
 // atSend, given to sendReliable (through frameMessage) as the time, stamps
-// the frame when the link has taken it rather than now: an API call sends
-// without reading the clock first.
+// the frame after the link has taken it (engine.stampSent) rather than
+// now: an API call sends without reading the clock.
 const atSend = math.MinInt64
 
 // sendReliable assigns the next sequence number to the frame being built
@@ -303,8 +304,8 @@ func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, las
 }
 
 // stamped records that the link took the slot's frame at now (sent at
-// atSend: when the flush hands it over; else at once): its round trip and
-// its timeout count from there.
+// atSend: at the first clock reading after the flush handed it over; else
+// at once): its round trip and its timeout count from there.
 //
 // +checklocks:s.peer.ep.eng.mu
 func (s *txSlot) stamped(now int64) {

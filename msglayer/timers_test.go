@@ -3,6 +3,7 @@ package msglayer
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // TestTimerHeapModel drives the timer heap with random schedules, removals
@@ -77,5 +78,64 @@ func TestTimerHeapModel(t *testing.T) {
 				t.Fatalf("round %d step %d: next %d, model %d", round, step, h.next(), next)
 			}
 		}
+	}
+}
+
+// TestSendStampedByNextDriver checks that an API send reads no clock: its
+// frame leaves unstamped, the next driver round stamps it with the time
+// it reads (its timeout counts from there), and a frame acknowledged
+// before any stamp gives no round-trip sample.
+func TestSendStampedByNextDriver(t *testing.T) {
+	fp := newFuzzPair(t, 0, false)
+	if !fp.connect() {
+		t.Fatal("connect failed")
+	}
+	a, g := fp.a, fp.a.eng
+	p := a.peers[fp.b.addr]
+	slot := func() *txSlot { return &p.win[(p.nextSeq-1)%uint32(len(p.win))] }
+
+	// Acknowledged before a stamp: no round-trip sample.
+	srtt := p.srtt
+	if _, err := a.Isend(fp.b.addr, 1, [][]byte{make([]byte, 8)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	g.mu.Lock()
+	if s := slot(); !s.stamp || len(g.unstamped) != 1 {
+		t.Errorf("after Isend: stamp %v, %d unstamped; want true, 1", s.stamp, len(g.unstamped))
+	}
+	g.mu.Unlock()
+	fp.clock.Advance(time.Millisecond)
+	fp.drive(fp.b.eng) // B receives and acks at once (AckEvery 1)
+	fp.drive(g)        // A handles the ack, then stamps
+	g.mu.Lock()
+	if s := slot(); s.used || len(g.unstamped) != 0 || p.srtt != srtt {
+		t.Errorf("after the ack: used %v, %d unstamped, srtt %d; want false, 0, %d", s.used, len(g.unstamped), p.srtt, srtt)
+	}
+	g.mu.Unlock()
+
+	// Lost: the stamp is the next driver round's time, and the
+	// retransmission comes one timeout after it.
+	if _, err := a.Isend(fp.b.addr, 2, [][]byte{make([]byte, 8)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fp.clock.Advance(time.Millisecond)
+	stampAt := fp.clock.Now()
+	fp.drive(g)
+	g.mu.Lock()
+	s := slot()
+	if s.stamp || s.sentAt != stampAt || g.nextTimer == 0 || g.nextTimer > stampAt+p.rto {
+		t.Errorf("after a driver round: stamp %v, sentAt %d, next timer %d; want false, %d, at most %d", s.stamp, s.sentAt, g.nextTimer, stampAt, stampAt+p.rto)
+	}
+	rto := p.rto
+	g.mu.Unlock()
+	fp.clock.Advance(time.Duration(rto) - 1)
+	fp.drive(g)
+	if n := a.stats.Retransmits; n != 0 {
+		t.Errorf("%d retransmissions before the timeout", n)
+	}
+	fp.clock.Advance(1)
+	fp.drive(g)
+	if n := a.stats.Retransmits; n != 1 {
+		t.Errorf("%d retransmissions at the timeout, want 1", n)
 	}
 }
