@@ -485,9 +485,9 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	if n > 0 {
 		g.nowPolls = 0 // handling the frames took time
 	}
-	// After the frames: an ack among them spares a stamp, and a round
-	// trip is never measured from a stamp made on the ack's arrival.
-	g.stampSent(now)
+	// After the frames (runTimers stamps): an ack among them spares a
+	// stamp, and a round trip is never measured from a stamp made on the
+	// ack's arrival.
 	g.runTimers(now)
 	if r := g.reapTarget(); r != nil && r.done {
 		g.reapSt, g.reaped = r.ep.collect(r), true
@@ -565,7 +565,6 @@ const minKernelSleep = 5 * time.Millisecond
 func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	g.mu.Lock()
 	now := g.clock.Now()
-	g.stampSent(now)
 	g.runTimers(now)
 	if g.acksDue {
 		g.acksDue = false
@@ -578,10 +577,13 @@ func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	return max(d, minKernelSleep)
 }
 
-// runTimers runs the endpoints' timers that are due.
+// runTimers stamps the frames sent since the clock was last read
+// (stampSent), then runs the endpoints' timers that are due: every driver
+// round that reads the clock passes here.
 //
 // +checklocks:g.mu
 func (g *engine) runTimers(now int64) {
+	g.stampSent(now)
 	if g.nextTimer == 0 || now < g.nextTimer {
 		return
 	}

@@ -533,8 +533,8 @@ func (fp *fuzzPair) connect() bool {
 }
 
 // drive runs one round of g's progress engine, as its driver does:
-// receive what is queued, dispatch it, stamp the frames sent since the
-// last round, run the timers that are due, flush.
+// receive what is queued, dispatch it, run the timers that are due (and
+// stamp the frames sent since the last round), flush.
 // It returns how many frames it received.
 func (fp *fuzzPair) drive(g *engine) int {
 	for !g.drive.tryTake() { // the drive token: g.rxBufs are ours
@@ -552,7 +552,6 @@ func (fp *fuzzPair) drive(g *engine) int {
 		for i := range n {
 			g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
 		}
-		g.stampSent(now)
 		g.runTimers(now)
 	}()
 	g.mu.Lock()

@@ -297,7 +297,7 @@ func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, las
 	e.eng.queue(s.buf[:n], s)
 	e.stats.FramesOut++
 	e.stats.BytesOut += uint64(n)
-	s.stamp = now == atSend // then the flush that hands it over stamps it
+	s.stamp = now == atSend // then the first clock reading after its flush stamps it
 	if !s.stamp {
 		s.stamped(now)
 	}
