@@ -316,7 +316,7 @@ func (e *Endpoint) Test(h Request) (Status, bool, error) {
 		return Status{}, false, ErrStaleRequest
 	}
 	r := h.r
-	if !r.done {
+	if !r.done && !(g.settleAcks() && r.done) {
 		return Status{}, false, nil
 	}
 	return e.collect(r), true, nil
@@ -369,7 +369,11 @@ func (e *Endpoint) TestAny(info, mask uint64) (Status, bool) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if r := e.done.find(info, mask); r != nil {
+	r := e.done.find(info, mask)
+	if r == nil && g.settleAcks() {
+		r = e.done.find(info, mask)
+	}
+	if r != nil {
 		return e.collect(r), true
 	}
 	return Status{}, false
@@ -426,6 +430,9 @@ func (e *Endpoint) IPeek() (Request, bool) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if e.done.head == nil {
+		g.settleAcks()
+	}
 	if r := e.done.head; r != nil {
 		return Request{r, r.gen}, true
 	}
@@ -609,6 +616,9 @@ func (gr *Group) Test() (Status, bool) {
 	g := gr.e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if gr.q.head == nil {
+		g.settleAcks()
+	}
 	if r := gr.q.head; r != nil {
 		return gr.e.collect(r), true
 	}

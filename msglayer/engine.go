@@ -83,6 +83,8 @@ type engine struct {
 	reap   reaping
 	reapSt Status
 	reaped bool
+	// acksLeft: the driver's last round left acks to process (ackq).
+	acksLeft bool
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
@@ -133,6 +135,10 @@ type engine struct {
 	// the clock stamps them (stampSent), within a batch or a sleep.
 	// +checklocks:mu
 	unstamped []*txSlot
+	// ackq: peers whose ack the frames handled carried (peer.noteAck),
+	// for settleAcks; an entry whose peer settled since is skipped.
+	// +checklocks:mu
+	ackq []*peer
 
 	txSending []txEntry // owned by the flusher
 	txFrames  [][]byte  // owned by the flusher
@@ -427,13 +433,14 @@ const maxUnstamped = 256
 // read (engine.unstamped) with now, which is later than they left: their
 // timeouts count from now, and a round trip measured from it is short by
 // at most the time they waited, microseconds when a driver polls or is
-// about to sleep. A slot acknowledged meanwhile is not stamped, and one
+// about to sleep. A slot acknowledged meanwhile (or by an ack not
+// processed yet, peer.acks) is not stamped, and one
 // queued again (pending) is stamped after its next flush.
 //
 // +checklocks:g.mu
 func (g *engine) stampSent(now int64) {
 	for i, s := range g.unstamped {
-		if s.stamp && s.pending == 0 {
+		if s.stamp && s.pending == 0 && !s.peer.acks(s.seq) {
 			s.stamped(now)
 		}
 		g.unstamped[i] = nil
@@ -444,6 +451,7 @@ func (g *engine) stampSent(now int64) {
 // driveOnce receives one batch of frames (waiting up to timeout), handles
 // them and runs the due timers. The caller holds the drive token.
 func (g *engine) driveOnce(timeout time.Duration) error {
+	carried := g.acksLeft
 	if timeout != 0 {
 		g.nowPolls = 0
 		g.inKernel.Store(true)
@@ -463,11 +471,14 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	if n == 0 && timeout == 0 {
 		// Spinning: reading the clock costs tens of nanoseconds, so read
 		// it every few empty polls, and then look at the timers and stamp
-		// the frames sent meanwhile.
-		if g.nowPolls--; g.nowPolls > 0 {
+		// the frames sent meanwhile. Acks left by the last batch are
+		// processed at the first empty poll.
+		if g.nowPolls--; g.nowPolls > 0 && !carried {
 			return err
 		}
-		g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
+		if g.nowPolls <= 0 {
+			g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
+		}
 	}
 	var now int64
 	if g.vis.locked {
@@ -485,6 +496,16 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	if n > 0 {
 		g.nowPolls = 0 // handling the frames took time
 	}
+	// The acks the frames carried release window slots and complete
+	// sends: work that waits when the batch completed what the driver's
+	// Wait waits for, which returns first. The next round does it, at
+	// its first empty poll or after its batch.
+	if len(g.ackq) > 0 {
+		if r := g.reapTarget(); carried || r == nil || !r.done {
+			g.settleAcks()
+		}
+	}
+	g.acksLeft = len(g.ackq) > 0
 	// After the frames (runTimers stamps): an ack among them spares a
 	// stamp, and a round trip is never measured from a stamp made on the
 	// ack's arrival.
@@ -495,6 +516,31 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	g.dispatching = false
 	g.flushAndUnlock()
 	return err
+}
+
+// settleAcks processes the acks that frames handled by the driver
+// carried: peer.noteAck left them for after the batch. The driver calls
+// it, and so do the calls that look for completions without driving
+// (Test, TestAny, IPeek, Group.Test), so that they see the sends those
+// acks complete.
+//
+// It reports whether there were any.
+//
+// +checklocks:g.mu
+func (g *engine) settleAcks() bool {
+	if len(g.ackq) == 0 {
+		return false
+	}
+	for i, p := range g.ackq {
+		if p.ep.closed {
+			p.ackQueued = false
+		} else {
+			p.settle()
+		}
+		g.ackq[i] = nil
+	}
+	g.ackq = g.ackq[:0]
+	return true
 }
 
 // nowPolls is how many empty polls a spinning driver's clock reading
@@ -564,6 +610,8 @@ const minKernelSleep = 5 * time.Millisecond
 // (at least minKernelSleep), at most maxSleep.
 func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	g.mu.Lock()
+	g.settleAcks()
+	g.acksLeft = false
 	now := g.clock.Now()
 	g.runTimers(now)
 	if g.acksDue {
@@ -857,6 +905,9 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 				stopHook = context.AfterFunc(ctx, g.waker.Wake)
 			}
 			timeout = g.prepareSleep(100 * time.Millisecond)
+			if done() {
+				return nil // completed by a timer or an ack processed just now
+			}
 			if hasDeadline {
 				timeout = min(timeout, time.Until(deadline))
 			}

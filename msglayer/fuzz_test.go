@@ -533,8 +533,9 @@ func (fp *fuzzPair) connect() bool {
 }
 
 // drive runs one round of g's progress engine, as its driver does:
-// receive what is queued, dispatch it, run the timers that are due (and
-// stamp the frames sent since the last round), flush.
+// receive what is queued, dispatch it, process the acks it carried, run
+// the timers that are due (and stamp the frames sent since the last
+// round), flush.
 // It returns how many frames it received.
 func (fp *fuzzPair) drive(g *engine) int {
 	for !g.drive.tryTake() { // the drive token: g.rxBufs are ours
@@ -552,6 +553,7 @@ func (fp *fuzzPair) drive(g *engine) int {
 		for i := range n {
 			g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
 		}
+		g.settleAcks()
 		g.runTimers(now)
 	}()
 	g.mu.Lock()

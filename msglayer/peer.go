@@ -35,6 +35,14 @@ type peer struct {
 	probed    probedBlock
 	lastHeard int64 // last frame from the peer
 	retx      uint64
+	// ackIn is the newest cumulative ack a received data frame carried,
+	// not processed yet (ackQueued): the driver processes it after the
+	// batch (engine.settleAcks), or, when the batch completed the request
+	// its Wait waits for, after Wait has returned: at its next round.
+	// Whatever reads the window first calls settle.
+	ackIn     uint32
+	ackInAt   int64
+	ackQueued bool
 
 	// Receive side.
 	expected   uint32 // next in-order sequence number
@@ -117,6 +125,7 @@ func (p *peer) reset(code Code) {
 		p.releaseOOO(&p.ooo[i])
 	}
 	p.nextSeq, p.acked, p.expected = 0, 0, 0
+	p.ackQueued = false
 	p.oooCount, p.ackPending, p.ackDue = 0, 0, 0
 	p.refused = false
 	p.in = inMsg{}
@@ -224,7 +233,15 @@ func (p *peer) inFlight() uint32 { return p.nextSeq - p.acked }
 // +checklocks:p.ep.eng.mu
 func (p *peer) nextSlot() *txSlot {
 	if p.inFlight() >= uint32(len(p.win)) {
-		return nil
+		if !p.ackQueued {
+			return nil
+		}
+		// The caller is framing: settle without pumping the send queue.
+		p.ackQueued = false
+		p.ackUpTo(p.ackIn, p.ackInAt)
+		if p.inFlight() >= uint32(len(p.win)) {
+			return nil
+		}
 	}
 	s := &p.win[p.nextSeq%uint32(len(p.win))]
 	if s.pending > 0 {
@@ -376,9 +393,56 @@ func (p *peer) sendAck() {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) onAck(ack uint32, now int64) {
+	p.settle()
+	if p.ackUpTo(ack, now) {
+		p.pump(now)
+	}
+}
+
+// noteAck records the cumulative ack of a data frame for the driver to
+// process after the batch (settle), and reports whether it is new.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) noteAck(ack uint32, now int64) bool {
 	n := ack - p.acked
 	if n == 0 || n > p.inFlight() {
-		return // old or impossible ack
+		return false // old or impossible ack
+	}
+	if p.ackQueued {
+		if n > p.ackIn-p.acked {
+			p.ackIn, p.ackInAt = ack, now
+		}
+		return false
+	}
+	p.ackIn, p.ackInAt, p.ackQueued = ack, now, true
+	return true
+}
+
+// settle processes the ack noteAck recorded, if any.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) settle() {
+	if p.ackQueued {
+		p.ackQueued = false
+		if p.ackUpTo(p.ackIn, p.ackInAt) {
+			p.pump(p.ackInAt)
+		}
+	}
+}
+
+// acks reports whether frame seq is covered by an ack noteAck recorded.
+func (p *peer) acks(seq uint32) bool {
+	return p.ackQueued && seq-p.acked < p.ackIn-p.acked
+}
+
+// ackUpTo releases the window slots below ack and completes the messages
+// whose last frame it acknowledges; it reports whether the window moved.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) ackUpTo(ack uint32, now int64) bool {
+	n := ack - p.acked
+	if n == 0 || n > p.inFlight() {
+		return false // old or impossible ack
 	}
 	e := p.ep
 	for seq := p.acked; seq != ack; seq++ {
@@ -397,8 +461,8 @@ func (p *peer) onAck(ack uint32, now int64) {
 		e.eng.releaseSlot(s)
 	}
 	p.acked = ack
-	p.lastHeard = now
-	p.pump(now)
+	p.lastHeard = max(p.lastHeard, now)
+	return true
 }
 
 // detach unlinks r from the window slots that still name it, so that it
@@ -524,6 +588,7 @@ func (p *peer) pump(now int64) {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) runTimers(now int64) int64 {
+	p.settle()
 	e := p.ep
 	cfg := &e.cfg
 	next := int64(0)

@@ -35,7 +35,17 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 		return
 	}
 	p.lastHeard = now
-	p.onAck(h.ack, now)
+	switch {
+	case h.typ.reliable() || h.typ == tPullReply || h.typ == tPullReq:
+		// Handling these does not look at the send window: its ack
+		// waits for the end of the batch, or for after the Wait that the
+		// batch completes (engine.settleAcks).
+		if p.noteAck(h.ack, now) {
+			e.eng.ackq = append(e.eng.ackq, p)
+		}
+	default:
+		p.onAck(h.ack, now)
+	}
 	if h.typ.reliable() {
 		e.onReliable(p, f, h, now)
 		return

@@ -1,6 +1,7 @@
 package msglayer
 
 import (
+	"context"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -138,4 +139,59 @@ func TestSendStampedByNextDriver(t *testing.T) {
 	if n := a.stats.Retransmits; n != 1 {
 		t.Errorf("%d retransmissions at the timeout, want 1", n)
 	}
+}
+
+// An ack that rides on the frame completing the driver's Wait is
+// processed after that Wait returns: by the next driver round, or by a
+// call that looks for completions (Test), which must see the send it
+// completes.
+func TestAckAfterWait(t *testing.T) {
+	fp := newFuzzPair(t, 0, false)
+	a, b := fp.a, fp.b
+	b.eng.mu.Lock()
+	b.cfg.AckEvery = 64 // no explicit ack: it rides on b's answer
+	b.eng.mu.Unlock()
+	p := a.peers[b.addr]
+	ctx := context.Background()
+	msg := func() [][]byte { return [][]byte{make([]byte, 8)} }
+	exchange := func() Request {
+		t.Helper()
+		rb, _ := b.Irecv(0, 0, msg(), nil)
+		ra, _ := a.Irecv(0, 0, msg(), nil)
+		s, err := a.Isend(b.addr, 1, msg(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Wait(ctx, rb); err != nil {
+			t.Fatal(err)
+		}
+		sb, _ := b.Isend(a.addr, 2, msg(), nil) // carries the ack of s
+		b.Forget(sb)
+		if _, err := a.Wait(ctx, ra); err != nil {
+			t.Fatal(err)
+		}
+		a.eng.mu.Lock()
+		defer a.eng.mu.Unlock()
+		if !p.ackQueued || s.r.done {
+			t.Errorf("after the Wait: ack queued %v, send done %v; want true, false", p.ackQueued, s.r.done)
+		}
+		return s
+	}
+
+	s := exchange()
+	if _, ok, err := a.Test(s); !ok || err != nil {
+		t.Errorf("Test of the acked send: %v, %v; want done", ok, err)
+	}
+
+	s = exchange()
+	wctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := a.Wait(wctx, s); err != nil {
+		t.Errorf("Wait of the acked send: %v", err)
+	}
+	a.eng.mu.Lock()
+	if p.ackQueued || p.inFlight() != 0 {
+		t.Errorf("after the next round: ack queued %v, %d in flight; want false, 0", p.ackQueued, p.inFlight())
+	}
+	a.eng.mu.Unlock()
 }
