@@ -316,7 +316,10 @@ func (e *Endpoint) Test(h Request) (Status, bool, error) {
 		return Status{}, false, ErrStaleRequest
 	}
 	r := h.r
-	if !r.done && !(g.settleAcks() && r.done) {
+	if !r.done {
+		g.settleAcks() // an ack the driver left may complete it
+	}
+	if !r.done {
 		return Status{}, false, nil
 	}
 	return e.collect(r), true, nil

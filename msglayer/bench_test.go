@@ -16,7 +16,6 @@ import (
 // each) and returns the round-trip times.
 func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.Duration) []time.Duration {
 	ctx := context.Background()
-	stop := make(chan struct{})
 	echoed := make(chan error, 1)
 	go func() {
 		buf := make([]byte, size)
@@ -76,7 +75,6 @@ func pingPong(tb testing.TB, a, b *msglayer.Endpoint, size, n int, rtts []time.D
 	if err := <-echoed; err != nil {
 		tb.Fatal(err)
 	}
-	close(stop)
 	return rtts
 }
 

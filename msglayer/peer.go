@@ -233,13 +233,9 @@ func (p *peer) inFlight() uint32 { return p.nextSeq - p.acked }
 // +checklocks:p.ep.eng.mu
 func (p *peer) nextSlot() *txSlot {
 	if p.inFlight() >= uint32(len(p.win)) {
-		if !p.ackQueued {
-			return nil
-		}
-		// The caller is framing: settle without pumping the send queue.
-		p.ackQueued = false
-		p.ackUpTo(p.ackIn, p.ackInAt)
-		if p.inFlight() >= uint32(len(p.win)) {
+		// The caller is framing: take a noted ack without pumping the
+		// send queue.
+		if !p.takeAck() || p.inFlight() >= uint32(len(p.win)) {
 			return nil
 		}
 	}
@@ -393,8 +389,8 @@ func (p *peer) sendAck() {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) onAck(ack uint32, now int64) {
-	p.settle()
-	if p.ackUpTo(ack, now) {
+	noted := p.takeAck()
+	if p.ackUpTo(ack, now) || noted {
 		p.pump(now)
 	}
 }
@@ -422,12 +418,21 @@ func (p *peer) noteAck(ack uint32, now int64) bool {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) settle() {
-	if p.ackQueued {
-		p.ackQueued = false
-		if p.ackUpTo(p.ackIn, p.ackInAt) {
-			p.pump(p.ackInAt)
-		}
+	if p.takeAck() {
+		p.pump(p.ackInAt)
 	}
+}
+
+// takeAck processes the ack noteAck recorded, if any, but leaves the send
+// queue to its caller; it reports whether the window moved.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) takeAck() bool {
+	if !p.ackQueued {
+		return false
+	}
+	p.ackQueued = false
+	return p.ackUpTo(p.ackIn, p.ackInAt)
 }
 
 // acks reports whether frame seq is covered by an ack noteAck recorded.

@@ -56,7 +56,6 @@ func (s *stream) run(tb testing.TB, d time.Duration) (int64, time.Duration) {
 		}
 	}
 	var received int64
-	stop := make(chan struct{})
 	recvDone := make(chan error, 1)
 	go func() {
 		for {
@@ -100,7 +99,6 @@ func (s *stream) run(tb testing.TB, d time.Duration) (int64, time.Duration) {
 	if err := <-recvDone; err != nil {
 		tb.Fatal(err)
 	}
-	close(stop)
 	return received, elapsed
 }
 
