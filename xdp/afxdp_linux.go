@@ -932,9 +932,10 @@ func (l *AFXDPLink) waitTx(since time.Time) error {
 }
 
 // kick makes the no-data syscall (sendto or recvfrom) that wakes the kernel.
+// It is a raw syscall (see dataSyscall6): it never sleeps.
 func (l *AFXDPLink) kick(trap uintptr) error {
 	l.wakeups.Add(1)
-	_, _, e := unix.Syscall6(trap, uintptr(l.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	_, _, e := dataSyscall6(trap, uintptr(l.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	if e != 0 {
 		return e
 	}
