@@ -95,6 +95,10 @@ type engine struct {
 	hostReplies map[string][6]byte // answers to our host queries
 	// +checklocks:mu
 	txq []txEntry // frames queued for the link, in order
+	// txHdrs holds the headers of the pull replies in txq, one per pull
+	// request answered: its replies differ only in offset and length.
+	// +checklocks:mu
+	txHdrs []pullHdr
 	// +checklocks:mu
 	scratch [][]byte // free frame buffers: unreliable frames, window slots, frames held out of order
 	// +checklocks:mu
@@ -141,58 +145,71 @@ type engine struct {
 	ackq []*peer
 
 	txSending []txEntry // owned by the flusher
+	txHdrsOut []pullHdr // owned by the flusher: txSending's txHdrs
 	txFrames  [][]byte  // owned by the flusher
 	txb       txBuilder // owned by the flusher
 	txScratch [][]byte  // owned by the flusher
 }
 
 // txEntry is a queued frame: a window slot's buffer, a scratch buffer, or
-// (buf nil) a pull reply to build at send time straight from the send's
-// data into the link's memory.
+// (buf nil, r set) a pull reply to build at send time straight from the
+// send's data into the link's memory. An entry is written for every frame
+// a sender streams, so a pull reply's holds only what differs between the
+// replies to one pull request: the bytes of the send it carries (off, n)
+// and which header of engine.txHdrs it shares.
 type txEntry struct {
 	buf  []byte
-	slot *txSlot // nil for scratch frames
-	job  pullJob
+	slot *txSlot  // nil for scratch frames
+	r    *request // a pull reply's send, pinned (txRefs) until it is sent
+	off  uint32   // a pull reply's offset in the send
+	n    uint32   // a pull reply's payload bytes
+	hdr  uint32   // a pull reply's header: its index in txHdrs
 }
 
-// pullJob is a pull reply not built yet: its headers and where its data
-// comes from. The send request stays pinned (txRefs) until it is sent.
-type pullJob struct {
-	r   *request
-	off int
-	n   int
-	hdr [hdrLen + pullReplyHdrLen]byte
-}
+// pullHdr is the Ethernet, common and pull-reply header of the replies to
+// one pull request, as written for the first of them.
+type pullHdr [hdrLen + pullReplyHdrLen]byte
 
 // txBuilder builds the frames of a flush in the link's memory. Owned by
 // the flusher (engine.flushing).
-type txBuilder struct{ frames []txEntry }
+type txBuilder struct {
+	frames []txEntry
+	hdrs   []pullHdr
+}
 
 func (b *txBuilder) Build(i int, buf []byte) int {
 	e := &b.frames[i]
 	if e.buf != nil {
 		return copy(buf, e.buf)
 	}
-	return e.job.build(buf)
+	return b.build(e, buf)
 }
 
 // Gather builds frame i, leaving the data of a pull reply from a lent
 // buffer where it lies.
 func (b *txBuilder) Gather(i int, buf []byte) (int, xdp.Span) {
 	e := &b.frames[i]
-	if e.buf == nil && e.job.r.zbuf != nil && len(e.job.hdr)+e.job.n >= xdp.MinFrameLen {
-		j := &e.job
-		return copy(buf, j.hdr[:]), xdp.Span{Buf: j.r.zbuf.xb, Off: j.r.zoff + j.off, Len: j.n}
+	if e.buf == nil && e.r.zbuf != nil && len(pullHdr{})+int(e.n) >= xdp.MinFrameLen {
+		return b.header(e, buf), xdp.Span{Buf: e.r.zbuf.xb, Off: e.r.zoff + int(e.off), Len: int(e.n)}
 	}
 	return b.Build(i, buf), xdp.Span{}
 }
 
-// build writes the pull reply into buf. The request is pinned, so its data
+// build writes pull reply e into buf. The request is pinned, so its data
 // stays in place even though the engine lock is not held.
-func (j *pullJob) build(buf []byte) int {
-	copy(buf, j.hdr[:])
-	copyFromSegs(buf[len(j.hdr):len(j.hdr)+j.n], j.r.segs, j.off)
-	return frameLen(tPullReply, j.n)
+func (b *txBuilder) build(e *txEntry, buf []byte) int {
+	h := b.header(e, buf)
+	copyFromSegs(buf[h:h+int(e.n)], e.r.segs, int(e.off))
+	return frameLen(tPullReply, int(e.n))
+}
+
+// header writes pull reply e's headers into buf and returns their length.
+func (b *txBuilder) header(e *txEntry, buf []byte) int {
+	h := &b.hdrs[e.hdr]
+	copy(buf, h[:])
+	setPayloadLen(buf, int(e.n))
+	putPullReplyOffset(buf[hdrLen:], e.off)
+	return len(h)
 }
 
 var (
@@ -280,14 +297,23 @@ func (g *engine) scratchBuf() []byte {
 	return make([]byte, g.maxFrame())
 }
 
-// queuePullReply queues a pull reply of n bytes at off of the send r, to
-// be built at send time, and returns it for its headers to be written.
+// queuePullHdr adds a header for pull replies queued next
+// (queuePullReply) and returns it, to be written, with its index.
 //
 // +checklocks:g.mu
-func (g *engine) queuePullReply(r *request, off, n int) *pullJob {
+func (g *engine) queuePullHdr() (*pullHdr, uint32) {
+	g.txHdrs = append(g.txHdrs, pullHdr{})
+	return &g.txHdrs[len(g.txHdrs)-1], uint32(len(g.txHdrs) - 1)
+}
+
+// queuePullReply queues a pull reply of n bytes at off of the send r, with
+// header hdr (queuePullHdr; its offset and length are the reply's), to be
+// built at send time.
+//
+// +checklocks:g.mu
+func (g *engine) queuePullReply(r *request, off uint32, n int, hdr uint32) {
 	r.txRefs++
-	g.txq = append(g.txq, txEntry{job: pullJob{r: r, off: off, n: n}})
-	return &g.txq[len(g.txq)-1].job
+	g.txq = append(g.txq, txEntry{r: r, off: off, n: uint32(n), hdr: hdr})
 }
 
 // unpin drops a queued reply's hold on its send; a completion that waited
@@ -345,19 +371,17 @@ func (g *engine) flushAndUnlock() {
 		// Swap the queues' arrays rather than copy the entries: the
 		// emptied txSending (cleared after its last flush) becomes txq.
 		g.txSending, g.txq = g.txq, g.txSending[:0]
+		g.txHdrsOut, g.txHdrs = g.txHdrs, g.txHdrsOut[:0]
+		g.txb.frames, g.txb.hdrs = g.txSending, g.txHdrsOut
 		g.mu.Unlock()
 
 		// A failed send is like a lost frame: reliable frames are
 		// retransmitted, the others re-requested by their timers.
 		if g.lendsBuffers {
 			// Pull replies from a lent buffer may leave where the data lies.
-			g.txb.frames = g.txSending
 			g.gather.SendGather(len(g.txSending), &g.txb)
-			g.txb.frames = nil
 		} else if g.builder != nil {
-			g.txb.frames = g.txSending
 			g.builder.SendBuilt(len(g.txSending), &g.txb)
-			g.txb.frames = nil
 		} else {
 			g.txFrames = g.txFrames[:0]
 			for i := range g.txSending {
@@ -365,13 +389,14 @@ func (g *engine) flushAndUnlock() {
 				if e.buf == nil {
 					// A pull reply: build it in a scratch buffer.
 					b := g.scratchFlush(i)
-					e.buf = b[:e.job.build(b)]
+					e.buf = b[:g.txb.build(e, b)]
 				}
 				g.txFrames = append(g.txFrames, e.buf)
 			}
 			g.link.Send(g.txFrames)
 			clear(g.txFrames)
 		}
+		g.txb.frames, g.txb.hdrs = nil, nil
 
 		g.mu.Lock()
 		repump := false
@@ -398,8 +423,8 @@ func (g *engine) flushAndUnlock() {
 						convertSent(r, clock())
 					}
 				}
-			case e.job.r != nil:
-				g.unpin(e.job.r) // e.buf, if set, is one of txScratch
+			case e.r != nil:
+				g.unpin(e.r) // e.buf, if set, is one of txScratch
 			default:
 				g.freeBuf(e.buf)
 			}

@@ -266,6 +266,9 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 		src = r
 	}
 	g := e.eng
+	// Every reply carries the same headers but for its offset and length.
+	rh := p.header(tPullReply)
+	hdr, first := uint32(0), true
 	for i := uint32(0); i < pullBlockFrames; i++ {
 		if req.mask&(1<<i) == 0 {
 			continue
@@ -275,14 +278,19 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			break
 		}
 		n := int(min(uint64(fb), end-off))
-		h := p.header(tPullReply)
-		h.payloadLen = n
+		rh.payloadLen = n
 		ph := pullReplyHdr{pullID: req.pullID, offset: uint32(off)}
 		if src != nil {
 			// Built at send time, straight from the send's data into the
-			// link's memory.
-			job := g.queuePullReply(src, int(off), n)
-			ph.put(putHeader(job.hdr[:], p.addr.MAC[:], g.mac[:], g.ethType, &h))
+			// link's memory: the replies share the first one's headers
+			// (the builder writes each one's offset and length).
+			if first {
+				var b *pullHdr
+				b, hdr = g.queuePullHdr()
+				ph.put(putHeader(b[:], p.addr.MAC[:], g.mac[:], g.ethType, &rh))
+				first = false
+			}
+			g.queuePullReply(src, uint32(off), n, hdr)
 			if src.zbuf != nil { // zbuf: the engine lends buffers, so the gather path sends it
 				e.stats.GatheredReplies++
 			}
@@ -296,7 +304,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 				break
 			}
 			b := g.scratchBuf()
-			th := putHeader(b, p.addr.MAC[:], g.mac[:], g.ethType, &h)
+			th := putHeader(b, p.addr.MAC[:], g.mac[:], g.ethType, &rh)
 			ph.put(th)
 			copy(th[pullReplyHdrLen:pullReplyHdrLen+n], mem)
 			reg.Unhold()

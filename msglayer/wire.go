@@ -175,6 +175,11 @@ func putHeader(f []byte, dst, src []byte, etherType uint16, h *header) []byte {
 	return f[hdrLen:]
 }
 
+// setPayloadLen rewrites the payload length of an encoded frame.
+func setPayloadLen(f []byte, n int) {
+	binary.BigEndian.PutUint16(f[xdp.EthHeaderLen+22:], uint16(n))
+}
+
 // setAck rewrites the ack field of an encoded frame (piggybacking the
 // newest ack on a retransmission).
 func setAck(f []byte, ack uint32) {
@@ -316,6 +321,12 @@ type pullReplyHdr struct {
 func (p *pullReplyHdr) put(b []byte) {
 	binary.BigEndian.PutUint32(b[0:], p.pullID)
 	binary.BigEndian.PutUint32(b[4:], p.offset)
+}
+
+// putPullReplyOffset rewrites the offset of an encoded pull-reply header
+// (b starts at the type header).
+func putPullReplyOffset(b []byte, off uint32) {
+	binary.BigEndian.PutUint32(b[4:], off)
 }
 
 func (p *pullReplyHdr) decode(b []byte) {
