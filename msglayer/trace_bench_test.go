@@ -20,9 +20,11 @@ import (
 // prints, for each subbenchmark, the median time from the start of a
 // round trip to the first time each point is passed in each half of it,
 // and the step from the point before. With XMX_TRACE_DUMP set it also
-// prints ten whole round trips, point by point (medians of first passes
-// hide the order of events in blocking mode, where a side may sleep or
-// not). Run it with the tag that turns the points on:
+// prints ten whole round trips, point by point, with the CPU of each
+// (medians of first passes hide the order of events in blocking mode,
+// where a side may sleep or not, and where the kernel often runs both
+// sides on one CPU, the woken side preempting the other in its sendto).
+// Run it with the tag that turns the points on:
 //
 //	go test -tags xmxtrace -run XXX -bench TraceAFXDP -benchtime 100000x ./msglayer
 //
@@ -79,7 +81,7 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		side  int32
 	}
 	offsets := map[key][]int64{}
-	rounds := 0
+	rounds, oneCPU := 0, 0
 	isStart := func(e xdp.TraceEvent) bool { return e.Point == xdp.TraceStart && e.Side == 0 }
 	for i := 0; i < len(events); {
 		if !isStart(events[i]) {
@@ -95,9 +97,16 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		rounds++
 		if rounds > b.N/2 && rounds <= b.N/2+10 && os.Getenv("XMX_TRACE_DUMP") != "" {
 			for _, e := range round {
-				fmt.Printf("    %c %-11s %7.0f\n", "ab"[e.Side], e.Point, float64(e.TSC-round[0].TSC)*nsPerTick)
+				fmt.Printf("    %c %-11s %7.0f cpu %d\n", "ab"[e.Side], e.Point, float64(e.TSC-round[0].TSC)*nsPerTick, e.CPU)
 			}
 			fmt.Println()
+		}
+		same := true
+		for _, e := range round {
+			same = same && e.CPU == round[0].CPU
+		}
+		if same {
+			oneCPU++
 		}
 		for _, e := range round {
 			if e.Point == xdp.TraceAnswer && e.Side == 1 {
@@ -123,7 +132,8 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		rows = append(rows, row{k, float64(d[len(d)/2]) * nsPerTick})
 	}
 	slices.SortFunc(rows, func(x, y row) int { return int(x.median - y.median) })
-	fmt.Printf("%s: %d round trips; median ns from the start to each point\n", b.Name(), rounds)
+	fmt.Printf("%s: %d round trips, %.0f %% of them with both sides on one CPU; median ns from the start to each point\n",
+		b.Name(), rounds, 100*float64(oneCPU)/float64(max(rounds, 1)))
 	prev := 0.0
 	for _, r := range rows {
 		fmt.Printf("  %s %-11s side %c %7.0f   step %6.0f\n", [2]string{"ping  ", "answer"}[r.k.half], r.k.point, "ab"[r.k.side], r.median, r.median-prev)

@@ -44,4 +44,5 @@ type TraceEvent struct {
 	Point TracePoint
 	Side  int32
 	TSC   int64 // ticks of the time-stamp counter (nanoseconds without one)
+	CPU   int32 // the CPU it was recorded on (-1: unknown)
 }

@@ -3,3 +3,5 @@
 package xdp
 
 func traceClock() int64
+
+func traceClockCPU() (int64, int32)

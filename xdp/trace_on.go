@@ -36,9 +36,9 @@ func Trace(side int, p TracePoint) {
 	if !traceOn.Load() {
 		return
 	}
-	t := traceClock()
+	t, cpu := traceClockCPU()
 	if n := traceN[side].n; n < traceCap {
-		traceLogs[side][n] = TraceEvent{Point: p, Side: int32(side), TSC: t}
+		traceLogs[side][n] = TraceEvent{Point: p, Side: int32(side), TSC: t, CPU: cpu}
 		traceN[side].n = n + 1
 	}
 }
