@@ -76,6 +76,12 @@ type engine struct {
 	// in the kernel and a batch of frames handled leave it stale.
 	polledNow int64
 	nowPolls  int
+	// sleptFrom is the clock prepareSleep read before the receive that
+	// may sleep (0: none). Frames that receive wakes up to are handled at
+	// sleptFrom plus the time the link says it waited (meter), without a
+	// clock read between the wake-up and the answer.
+	sleptFrom int64
+	meter     xdp.WaitMeter // nil: read the clock after a sleep
 	// reap is the request the driver's Wait waits for: once done, the
 	// driver collects it (reapSt, reaped) while it holds the engine lock
 	// for the frames that completed it, rather than Wait taking the lock
@@ -245,6 +251,10 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		base = nc.Link
 	}
 	g.waker, _ = base.(xdp.Waker)
+	if _, real := cfg.Clock.(realClock); real {
+		// The link's waits are real time: an injected clock's are not.
+		g.meter, _ = base.(xdp.WaitMeter)
+	}
 	g.visitor, _ = base.(xdp.FrameVisitor)
 	g.builder, _ = base.(xdp.FrameBuilder)
 	g.gather, _ = base.(xdp.BufferLink)
@@ -480,6 +490,8 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	if timeout != 0 {
 		g.nowPolls = 0
 		g.inKernel.Store(true)
+	} else {
+		g.sleptFrom = 0
 	}
 	var n int
 	var err error
@@ -539,6 +551,7 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 		g.reapSt, g.reaped = r.ep.collect(r), true
 	}
 	g.dispatching = false
+	g.sleptFrom = 0
 	g.flushAndUnlock()
 	return err
 }
@@ -574,10 +587,18 @@ func (g *engine) settleAcks() bool {
 const nowPolls = 16
 
 // driverNow is the time for frames the driver is about to handle: the
-// clock it read while it spun, if recent, else the clock.
+// clock it read while it spun, if recent; after a receive that may have
+// slept, the clock read before it plus the time the link waited; else the
+// clock.
 func (g *engine) driverNow() int64 {
 	if g.nowPolls > 0 {
 		return g.polledNow
+	}
+	if from := g.sleptFrom; from != 0 && g.meter != nil {
+		g.sleptFrom = 0
+		if d, ok := g.meter.Waited(); ok {
+			return from + int64(d)
+		}
 	}
 	return g.clock.Now()
 }
@@ -638,6 +659,7 @@ func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	g.settleAcks()
 	g.acksLeft = false
 	now := g.clock.Now()
+	g.sleptFrom = now
 	g.runTimers(now)
 	if g.acksDue {
 		g.acksDue = false

@@ -134,6 +134,7 @@ type AFPacketLink struct {
 var (
 	_ Link         = (*AFPacketLink)(nil)
 	_ Waker        = (*AFPacketLink)(nil)
+	_ WaitMeter    = (*AFPacketLink)(nil)
 	_ FrameBuilder = (*AFPacketLink)(nil)
 	_ FrameVisitor = (*AFPacketLink)(nil)
 )
@@ -610,9 +611,7 @@ func (l *AFPacketLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int
 // recvLocked receives into rxMsgs[:n], waiting as timeout says. The caller
 // holds rxMu.
 func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
-	if timeout != 0 {
-		l.rxTimer.start(timeout, l.spin)
-	}
+	l.rxTimer.start(timeout, l.spin)
 	for {
 		r, e := recvmmsg(l.fd, l.rxMsgs[:n], unix.MSG_DONTWAIT)
 		if r > 0 {
@@ -654,6 +653,11 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		}
 	}
 }
+
+// Waited implements WaitMeter.
+//
+// +checklocksignore: the receiving goroutine, which writes rxTimer, reads it.
+func (l *AFPacketLink) Waited() (time.Duration, bool) { return l.rxTimer.waited() }
 
 // Wake implements Waker.
 func (l *AFPacketLink) Wake() {

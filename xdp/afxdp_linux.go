@@ -222,6 +222,7 @@ type AFXDPLink struct {
 var (
 	_ Link         = (*AFXDPLink)(nil)
 	_ Waker        = (*AFXDPLink)(nil)
+	_ WaitMeter    = (*AFXDPLink)(nil)
 	_ FrameBuilder = (*AFXDPLink)(nil)
 	_ FrameVisitor = (*AFXDPLink)(nil)
 	_ BufferLink   = (*AFXDPLink)(nil)
@@ -545,9 +546,7 @@ func (l *AFXDPLink) rxIdle() bool {
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, timeout time.Duration) (int, error) {
-	if timeout != 0 {
-		l.rxTimer.start(timeout, l.spin)
-	}
+	l.rxTimer.start(timeout, l.spin)
 	for spins := 0; ; spins++ {
 		var n int
 		if v == nil {
@@ -593,6 +592,11 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		}
 	}
 }
+
+// Waited implements WaitMeter.
+//
+// +checklocksignore: the receiving goroutine, which writes rxTimer, reads it.
+func (l *AFXDPLink) Waited() (time.Duration, bool) { return l.rxTimer.waited() }
 
 // Wake implements Waker.
 func (l *AFXDPLink) Wake() {

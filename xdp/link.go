@@ -85,6 +85,19 @@ type Waker interface {
 	Wake()
 }
 
+// WaitMeter is implemented by links whose bounded receive knows how long it
+// has waited without reading a clock: ppoll(2) leaves the time left in its
+// timespec. Waited returns that time for the receive under way (asked from
+// its Visitor) or else the last one: 0 if it found frames without waiting
+// or had timeout 0, and false if the link cannot tell (a spinning receive,
+// or one without a bound). A progress engine that read the clock before
+// it slept adds it to that reading instead of reading the clock again on
+// the way from a wake-up to the answer. Only the receiving goroutine may
+// call it. The AF_XDP and AF_PACKET links implement it.
+type WaitMeter interface {
+	Waited() (time.Duration, bool)
+}
+
 // FrameBuilder is implemented by links that let the caller write frames
 // directly into transmit memory (the UMEM for AF_XDP), saving the copy Send
 // makes. Every link of this package implements it.

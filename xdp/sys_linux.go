@@ -82,13 +82,14 @@ func sendmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
 type recvTimer struct {
 	ts       unix.Timespec
 	timeout  time.Duration // > 0: bounded
-	deadline time.Time     // spinning
+	spin     bool
+	deadline time.Time // spinning
 }
 
-// start begins a wait of at most timeout (< 0: no bound), spinning or
-// sleeping in ppoll.
+// start begins a wait of at most timeout (< 0: no bound; 0: none),
+// spinning or sleeping in ppoll.
 func (t *recvTimer) start(timeout time.Duration, spin bool) {
-	t.timeout = timeout
+	t.timeout, t.spin = timeout, spin
 	switch {
 	case timeout <= 0:
 	case spin:
@@ -108,6 +109,18 @@ func (t *recvTimer) pollTimeout() (*unix.Timespec, bool) {
 		return nil, false
 	}
 	return &t.ts, true
+}
+
+// waited returns how long the receive has waited so far, when the
+// timespec tells (WaitMeter).
+func (t *recvTimer) waited() (time.Duration, bool) {
+	switch {
+	case t.timeout == 0:
+		return 0, true
+	case t.timeout < 0 || t.spin:
+		return 0, false
+	}
+	return t.timeout - max(time.Duration(t.ts.Nano()), 0), true
 }
 
 // expired reports that a spinning wait's deadline has passed.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -53,6 +54,7 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("BothDirections", func(t *testing.T) { testBothDirections(t, mk, opts) })
 	t.Run("Truncation", func(t *testing.T) { testTruncation(t, mk, opts) })
 	t.Run("RecvTimeout", func(t *testing.T) { testRecvTimeout(t, mk) })
+	t.Run("WaitMeter", func(t *testing.T) { testWaitMeter(t, mk) })
 	t.Run("WakeEndsWait", func(t *testing.T) { testWake(t, mk) })
 	t.Run("CloseUnblocksRecv", func(t *testing.T) { testCloseUnblocks(t, mk) })
 	t.Run("NoLeaks", func(t *testing.T) { testNoLeaks(t, mk) })
@@ -416,6 +418,48 @@ func testRecvTimeout(t *testing.T, mk MakePair) {
 	n, err = p.B.Recv(b, sizes, 50*time.Millisecond)
 	if el := time.Since(start); n != 0 || err != nil || el < 45*time.Millisecond {
 		t.Fatalf("Recv(timeout 50ms) on an idle link = %d, %v after %v", n, err, el)
+	}
+}
+
+// testWaitMeter checks what a WaitMeter says of a receive that timed
+// out, of one that found a frame at once, and of a poll.
+func testWaitMeter(t *testing.T, mk MakePair) {
+	p := mk(t)
+	m, ok := p.B.(xdp.WaitMeter)
+	if !ok {
+		t.Logf("%s does not implement xdp.WaitMeter", p.B.Info().Kind)
+		return
+	}
+	b, sizes := bufs(4, 2048)
+	if n, err := p.B.Recv(b, sizes, 30*time.Millisecond); n != 0 || err != nil {
+		t.Fatalf("Recv(timeout 30ms) on an idle link = %d, %v", n, err)
+	}
+	d, ok := m.Waited()
+	if !ok && strings.Contains(p.B.Info().Mode, "spin") {
+		return // a spinning receive reads the clock: it cannot tell
+	}
+	if !ok || d != 30*time.Millisecond {
+		t.Errorf("Waited after a receive that timed out after 30ms = %v, %v; want 30ms, true", d, ok)
+	}
+	f := make([]byte, 64)
+	copy(f[0:6], p.B.HardwareAddr())
+	copy(f[6:12], p.A.HardwareAddr())
+	binary.BigEndian.PutUint16(f[12:14], xdp.DefaultEtherType)
+	if _, err := p.A.Send([][]byte{f}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the frame is there before the receive
+	if n, err := p.B.Recv(b, sizes, time.Second); n != 1 || err != nil {
+		t.Fatalf("Recv(timeout 1s) with a frame waiting = %d, %v", n, err)
+	}
+	if d, ok := m.Waited(); !ok || d > 10*time.Millisecond {
+		t.Errorf("Waited after a receive that found its frame = %v, %v; want about 0, true", d, ok)
+	}
+	if n, err := p.B.Recv(b, sizes, 0); n != 0 || err != nil {
+		t.Fatalf("Recv(timeout 0) on an idle link = %d, %v", n, err)
+	}
+	if d, ok := m.Waited(); !ok || d != 0 {
+		t.Errorf("Waited after a poll = %v, %v; want 0, true", d, ok)
 	}
 }
 
