@@ -483,9 +483,11 @@ func (e *Endpoint) newRequest(kind reqKind, ctx any) *request {
 // +checklocks:e.eng.mu
 func (e *Endpoint) release(r *request) {
 	gen, wake := r.gen+1, r.wake
-	select {
-	case <-wake:
-	default:
+	if r.signalled {
+		select {
+		case <-wake:
+		default:
+		}
 	}
 	*r = request{ep: e, gen: gen, wake: wake}
 	e.free = append(e.free, r)
@@ -539,6 +541,7 @@ func (e *Endpoint) complete(r *request, code Code) {
 		e.notifyAny()
 	}
 	if r.waiters.Load() > 0 {
+		r.signalled = true
 		select {
 		case r.wake <- struct{}{}:
 		default:

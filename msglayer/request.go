@@ -28,6 +28,7 @@ type request struct {
 	done      bool          // completed: status is final
 	doneFlag  atomic.Bool   // done, for Wait's look without the lock (see Endpoint.complete)
 	wake      chan struct{} // capacity 1: signalled at completion if waiters > 0
+	signalled bool          // wake was signalled: release drains it
 	waiters   atomic.Int32  // goroutines asleep in Wait on this request (not the one driving)
 	forgotten bool          // Forget: release at completion, report nothing
 	inDoneQ   bool
