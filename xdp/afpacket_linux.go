@@ -611,7 +611,9 @@ func (l *AFPacketLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int
 // recvLocked receives into rxMsgs[:n], waiting as timeout says. The caller
 // holds rxMu.
 func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
-	l.rxTimer.start(timeout, l.spin)
+	if timeout != 0 {
+		l.rxTimer.start(timeout, l.spin)
+	}
 	for {
 		r, e := recvmmsg(l.fd, l.rxMsgs[:n], unix.MSG_DONTWAIT)
 		if r > 0 {

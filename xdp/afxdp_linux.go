@@ -546,7 +546,9 @@ func (l *AFXDPLink) rxIdle() bool {
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, timeout time.Duration) (int, error) {
-	l.rxTimer.start(timeout, l.spin)
+	if timeout != 0 {
+		l.rxTimer.start(timeout, l.spin)
+	}
 	for spins := 0; ; spins++ {
 		var n int
 		if v == nil {

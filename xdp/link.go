@@ -87,13 +87,14 @@ type Waker interface {
 
 // WaitMeter is implemented by links whose bounded receive knows how long it
 // has waited without reading a clock: ppoll(2) leaves the time left in its
-// timespec. Waited returns that time for the receive under way (asked from
-// its Visitor) or else the last one: 0 if it found frames without waiting
-// or had timeout 0, and false if the link cannot tell (a spinning receive,
-// or one without a bound). A progress engine that read the clock before
-// it slept adds it to that reading instead of reading the clock again on
-// the way from a wake-up to the answer. Only the receiving goroutine may
-// call it. The AF_XDP and AF_PACKET links implement it.
+// timespec. Waited returns that time for the receive with a timeout above
+// zero under way (asked from its Visitor), or else the last one: 0 if it
+// found frames without waiting, and false if the link cannot tell (a
+// spinning link). Polls (timeout 0) and unbounded receives leave it as it
+// was. A progress engine that read the clock before it slept adds it to
+// that reading instead of reading the clock again on the way from a
+// wake-up to the answer. Only the receiving goroutine may call it. The
+// AF_XDP and AF_PACKET links implement it.
 type WaitMeter interface {
 	Waited() (time.Duration, bool)
 }

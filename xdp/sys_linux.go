@@ -82,20 +82,25 @@ func sendmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
 type recvTimer struct {
 	ts       unix.Timespec
 	timeout  time.Duration // > 0: bounded
-	spin     bool
-	deadline time.Time // spinning
+	deadline time.Time     // spinning
+	// The last bounded wait in ppoll, for waited: its timeout, and
+	// whether there was one since the last bounded spin.
+	full     time.Duration
+	measured bool
 }
 
-// start begins a wait of at most timeout (< 0: no bound; 0: none),
-// spinning or sleeping in ppoll.
+// start begins a wait of at most timeout (< 0: no bound), spinning or
+// sleeping in ppoll.
 func (t *recvTimer) start(timeout time.Duration, spin bool) {
-	t.timeout, t.spin = timeout, spin
+	t.timeout = timeout
 	switch {
 	case timeout <= 0:
 	case spin:
 		t.deadline = time.Now().Add(timeout)
+		t.measured = false
 	default:
 		t.ts = unix.NsecToTimespec(int64(timeout))
+		t.full, t.measured = timeout, true
 	}
 }
 
@@ -111,16 +116,13 @@ func (t *recvTimer) pollTimeout() (*unix.Timespec, bool) {
 	return &t.ts, true
 }
 
-// waited returns how long the receive has waited so far, when the
-// timespec tells (WaitMeter).
+// waited returns how long the current or last bounded wait has waited,
+// when the timespec tells (WaitMeter).
 func (t *recvTimer) waited() (time.Duration, bool) {
-	switch {
-	case t.timeout == 0:
-		return 0, true
-	case t.timeout < 0 || t.spin:
+	if !t.measured {
 		return 0, false
 	}
-	return t.timeout - max(time.Duration(t.ts.Nano()), 0), true
+	return t.full - max(time.Duration(t.ts.Nano()), 0), true
 }
 
 // expired reports that a spinning wait's deadline has passed.
