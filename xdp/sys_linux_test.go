@@ -50,10 +50,29 @@ func TestRecvTimerPoll(t *testing.T) {
 	if _, ok := tm.pollTimeout(); !ok {
 		t.Fatal("pollTimeout with time left = false")
 	}
+	// What the wait took, from the time left alone (WaitMeter).
+	if d, ok := tm.waited(); !ok || d < 0 || d > 100*time.Millisecond {
+		t.Fatalf("waited after a ready descriptor = %v, %v; want about 0, true", d, ok)
+	}
+	waited := func() time.Duration { d, _ := tm.waited(); return d }
+	before := waited()
 
 	tm.start(-1, false)
 	if ts, ok := tm.pollTimeout(); ts != nil || !ok {
 		t.Fatalf("pollTimeout without a bound = %v, %v; want nil, true", ts, ok)
+	}
+	if d, ok := tm.waited(); !ok || d != before {
+		t.Fatalf("waited after an unbounded start = %v, %v; want the last bounded wait's %v", d, ok, before)
+	}
+	tm.start(20*time.Millisecond, false)
+	ts, _ = tm.pollTimeout()
+	pollFds(fds[:0], ts) // no descriptor: sleeps the whole 20 ms
+	if d, ok := tm.waited(); !ok || d != 20*time.Millisecond {
+		t.Fatalf("waited after a 20 ms wait that timed out = %v, %v", d, ok)
+	}
+	tm.start(time.Millisecond, true)
+	if _, ok := tm.waited(); ok {
+		t.Fatal("waited after a spinning start = true: a spin's time is not measured")
 	}
 }
 
