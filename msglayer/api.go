@@ -36,7 +36,7 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 		g.mu.Unlock()
 		return Request{}, ErrClosed
 	}
-	now := g.clock.Now()
+	now := g.readClock()
 	r := e.newRequest(kindConnect, ctx)
 	r.status.Source = a
 	r.connAddr, r.connKey = a, key
@@ -298,7 +298,7 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	e.stats.Recvs++
 	h := Request{r, r.gen}
 	if u := e.match.post(info, mask); u != nil {
-		e.takeUnexp(r, u, g.clock.Now())
+		e.takeUnexp(r, u, g.readClock())
 	} else {
 		e.match.pushRecv(r)
 	}

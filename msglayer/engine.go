@@ -99,6 +99,12 @@ type engine struct {
 	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu
 	hostReplies map[string][6]byte // answers to our host queries
+	// lastRead is the latest clock reading taken under the lock
+	// (readClock): the time after a sleep (sleptFrom plus the wait) is
+	// never earlier, so no stamp or sample taken meanwhile comes out
+	// later than it.
+	// +checklocks:mu
+	lastRead int64
 	// +checklocks:mu
 	txq []txEntry // frames queued for the link, in order
 	// txHdrs holds the headers of the pull replies in txq, one per pull
@@ -414,7 +420,7 @@ func (g *engine) flushAndUnlock() {
 		var now int64
 		clock := func() int64 {
 			if now == 0 {
-				now = g.clock.Now()
+				now = g.readClock()
 			}
 			return now
 		}
@@ -505,6 +511,9 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 	if timeout != 0 {
 		g.inKernel.Store(false)
 	}
+	if err != nil {
+		g.sleptFrom = 0 // the receive may have ended before its wait began
+	}
 	if n == 0 && timeout == 0 {
 		// Spinning: reading the clock costs tens of nanoseconds, so read
 		// it every few empty polls, and then look at the timers and stamp
@@ -523,8 +532,8 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 		g.visiting = false
 		now = g.vis.now
 	} else {
-		now = g.driverNow()
 		g.mu.Lock()
+		now = g.driverNow()
 		g.dispatching = true
 		for i := 0; i < n; i++ {
 			g.dispatch(g.rxBufs[i][:g.rxSizes[i]], now)
@@ -588,8 +597,11 @@ const nowPolls = 16
 
 // driverNow is the time for frames the driver is about to handle: the
 // clock it read while it spun, if recent; after a receive that may have
-// slept, the clock read before it plus the time the link waited; else the
-// clock.
+// slept, the clock read before it plus the time the link waited (early by
+// the moments around the syscall, never earlier than a reading taken
+// meanwhile: lastRead); else the clock.
+//
+// +checklocks:g.mu
 func (g *engine) driverNow() int64 {
 	if g.nowPolls > 0 {
 		return g.polledNow
@@ -597,10 +609,19 @@ func (g *engine) driverNow() int64 {
 	if from := g.sleptFrom; from != 0 && g.meter != nil {
 		g.sleptFrom = 0
 		if d, ok := g.meter.Waited(); ok {
-			return from + int64(d)
+			return max(from+int64(d), g.lastRead)
 		}
 	}
-	return g.clock.Now()
+	return g.readClock()
+}
+
+// readClock reads the clock and keeps the reading in lastRead.
+//
+// +checklocks:g.mu
+func (g *engine) readClock() int64 {
+	t := g.clock.Now()
+	g.lastRead = max(g.lastRead, t)
+	return t
 }
 
 // rxVisitor handles frames the link lends (RecvVisit). Owned by the
@@ -658,7 +679,7 @@ func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	g.mu.Lock()
 	g.settleAcks()
 	g.acksLeft = false
-	now := g.clock.Now()
+	now := g.readClock()
 	g.sleptFrom = now
 	g.runTimers(now)
 	if g.acksDue {

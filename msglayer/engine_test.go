@@ -53,3 +53,43 @@ func TestEngineStartsWithFramesQueued(t *testing.T) {
 		l1.Close()
 	}
 }
+
+// fixedMeter is a WaitMeter that reports a fixed wait.
+type fixedMeter struct {
+	d  time.Duration
+	ok bool
+}
+
+func (m fixedMeter) Waited() (time.Duration, bool) { return m.d, m.ok }
+
+// TestDriverNowAfterSleep checks the time a driver handles frames at after
+// a receive that may have slept: the clock read before it plus the wait,
+// never earlier than a clock reading taken meanwhile, once only; and the
+// clock when the link cannot tell.
+func TestDriverNowAfterSleep(t *testing.T) {
+	g := &engine{clock: NewRealClock(), meter: fixedMeter{d: 30 * time.Microsecond, ok: true}}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	from := g.readClock()
+	g.sleptFrom = from
+	if now := g.driverNow(); now != from+int64(30*time.Microsecond) {
+		t.Errorf("driverNow after a 30 µs wait = %d, want %d", now, from+int64(30*time.Microsecond))
+	}
+	if g.sleptFrom != 0 {
+		t.Error("sleptFrom still set after driverNow used it")
+	}
+	// A reading taken after the one before the sleep (a flush, an API
+	// call) is a floor: no stamp may come out later than the time.
+	g.sleptFrom = from
+	g.lastRead = from + int64(time.Millisecond)
+	if now := g.driverNow(); now != g.lastRead {
+		t.Errorf("driverNow with a later reading in between = %d, want lastRead %d", now, g.lastRead)
+	}
+	// A link that cannot tell: the clock.
+	g.meter = fixedMeter{}
+	g.sleptFrom = from
+	before := g.clock.Now()
+	if now := g.driverNow(); now < before {
+		t.Errorf("driverNow without a wait measure = %d, before the clock read just before it (%d)", now, before)
+	}
+}

@@ -87,7 +87,7 @@ func (e *Endpoint) oneSided(peer Addr, m RemoteMem, off uint64, segs [][]byte, c
 		return Request{}, err
 	}
 	g := e.eng
-	now := g.clock.Now()
+	now := g.readClock()
 	r := e.newRequest(kind, ctx)
 	r.peer, r.segs, r.length = p, segs, n
 	r.regionID, r.regionKey, r.regionOff = m.Region, m.Key, m.Offset+off

@@ -30,7 +30,7 @@ func (e *Endpoint) Peers() []PeerInfo {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	now := g.clock.Now()
+	now := g.readClock()
 	out := make([]PeerInfo, 0, len(e.peers))
 	for _, p := range e.peers {
 		pi := PeerInfo{

@@ -444,7 +444,7 @@ func (e *Endpoint) endPull(pl *pull, code Code) {
 	if pl.waiting >= 0 {
 		e.eng.unstarve(pl)
 	}
-	now := e.eng.clock.Now()
+	now := e.eng.readClock()
 	for i := range pl.blocks {
 		e.blockDone(&pl.blocks[i], now)
 	}

@@ -938,10 +938,11 @@ func (l *AFXDPLink) waitTx(since time.Time) error {
 }
 
 // kick makes the no-data syscall (sendto or recvfrom) that wakes the kernel.
-// It is a raw syscall (see dataSyscall6): it never sleeps.
+// It is a raw syscall, which keeps the caller's P (see recvmmsg in
+// sys_linux.go for why).
 func (l *AFXDPLink) kick(trap uintptr) error {
 	l.wakeups.Add(1)
-	_, _, e := dataSyscall6(trap, uintptr(l.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	_, _, e := unix.RawSyscall6(trap, uintptr(l.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	if e != 0 {
 		return e
 	}

@@ -24,29 +24,30 @@ type mmsghdr struct {
 	Len uint32 // msg_len: bytes received or sent, written by the kernel
 }
 
-// dataSyscall6 makes a data-path syscall that never sleeps (MSG_DONTWAIT)
-// without telling the Go scheduler, which a plain Syscall6 does. A copy-mode
-// AF_XDP sendto moves up to 32 frames through the kernel (tens of
-// microseconds); when every P is busy, sysmon takes the P of a goroutine
-// whose syscall passes 20 µs and starts another thread on it, and the
-// goroutine comes back from the kernel without a P: it is queued and
-// resumes on another thread, later. A busy-polling driver next to another
-// (two endpoints in one process, or the application) lost a fifth of its
-// stream bandwidth that way. A raw syscall keeps the P; what it delays is
-// at most a stop-the-world pause, by the syscall's tens of microseconds.
-// Syscalls that may sleep (ppoll) stay plain.
-func dataSyscall6(trap, a1, a2, a3, a4, a5, a6 uintptr) (r1, r2 uintptr, err unix.Errno) {
-	return unix.RawSyscall6(trap, a1, a2, a3, a4, a5, a6)
-}
+// The data path's non-blocking syscalls (recvmmsg and sendmmsg here, the
+// AF_XDP kicks in afxdp_linux.go, all with MSG_DONTWAIT) are raw syscalls:
+// they do not tell the Go scheduler, as Syscall6 does. A copy-mode AF_XDP
+// sendto moves up to 32 frames through the kernel (tens of microseconds);
+// when every P is busy, sysmon takes the P of a goroutine whose syscall
+// passes 20 µs and starts another thread on it, and the goroutine comes
+// back from the kernel without a P: it is queued and resumes on another
+// thread, later. A busy-polling driver next to another (two endpoints in
+// one process, or the application) lost a fifth of its stream bandwidth
+// that way. A raw syscall keeps the P. None of them waits for data; one
+// may wait briefly for the socket's mutex (a copy-mode transmit run by a
+// ppoll on the same socket), which delays a stop-the-world pause by one
+// batch's transmit at most. Syscalls that sleep (ppoll) stay plain.
+// unix.RawSyscall6 is called directly, so that the compiler keeps the
+// objects of the uintptr(unsafe.Pointer(...)) arguments alive.
 
 // recvmmsg is recvmmsg(2) without a timeout: it fills up to len(msgs)
 // messages and returns how many it filled. It returns errno 0 on success.
-// flags must include MSG_DONTWAIT (a raw syscall: dataSyscall6).
+// flags must include MSG_DONTWAIT (a raw syscall: see above).
 func recvmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
 	if len(msgs) == 0 {
 		return 0, 0
 	}
-	r, _, e := dataSyscall6(unix.SYS_RECVMMSG, uintptr(fd),
+	r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, uintptr(fd),
 		uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)),
 		uintptr(flags), 0, 0)
 	if e != 0 {
@@ -59,12 +60,12 @@ func recvmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
 // how many the kernel took. The kernel reports an error only when it took
 // none, so a partial count means the next call will meet the error (if any)
 // on msgs[n]. It returns errno 0 on success. flags must include
-// MSG_DONTWAIT (a raw syscall: dataSyscall6).
+// MSG_DONTWAIT (a raw syscall: see above).
 func sendmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
 	if len(msgs) == 0 {
 		return 0, 0
 	}
-	r, _, e := dataSyscall6(unix.SYS_SENDMMSG, uintptr(fd),
+	r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, uintptr(fd),
 		uintptr(unsafe.Pointer(&msgs[0])), uintptr(len(msgs)),
 		uintptr(flags), 0, 0)
 	if e != 0 {
