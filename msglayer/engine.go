@@ -76,10 +76,10 @@ type engine struct {
 	// in the kernel and a batch of frames handled leave it stale.
 	polledNow int64
 	nowPolls  int
-	// sleptFrom is the clock prepareSleep read before the receive that
-	// may sleep (0: none). Frames that receive wakes up to are handled at
-	// sleptFrom plus the time the link says it waited (meter), without a
-	// clock read between the wake-up and the answer.
+	// sleptFrom is, during a driveOnce after prepareSleep, the clock
+	// prepareSleep read (0: none, or used). Frames that receive wakes up
+	// to are handled at sleptFrom plus the time the link says it waited
+	// (meter), without a clock read between the wake-up and the answer.
 	sleptFrom int64
 	meter     xdp.WaitMeter // nil: read the clock after a sleep
 	// reap is the request the driver's Wait waits for: once done, the
@@ -182,6 +182,9 @@ type txEntry struct {
 // one pull request, as written for the first of them.
 type pullHdr [hdrLen + pullReplyHdrLen]byte
 
+// pullHdrLen is the length of a pull reply's headers.
+const pullHdrLen = len(pullHdr{})
+
 // txBuilder builds the frames of a flush in the link's memory. Owned by
 // the flusher (engine.flushing).
 type txBuilder struct {
@@ -201,7 +204,7 @@ func (b *txBuilder) Build(i int, buf []byte) int {
 // buffer where it lies.
 func (b *txBuilder) Gather(i int, buf []byte) (int, xdp.Span) {
 	e := &b.frames[i]
-	if e.buf == nil && e.r.zbuf != nil && len(pullHdr{})+int(e.n) >= xdp.MinFrameLen {
+	if e.buf == nil && e.r.zbuf != nil && pullHdrLen+int(e.n) >= xdp.MinFrameLen {
 		return b.header(e, buf), xdp.Span{Buf: e.r.zbuf.xb, Off: e.r.zoff + int(e.off), Len: int(e.n)}
 	}
 	return b.Build(i, buf), xdp.Span{}
@@ -217,11 +220,10 @@ func (b *txBuilder) build(e *txEntry, buf []byte) int {
 
 // header writes pull reply e's headers into buf and returns their length.
 func (b *txBuilder) header(e *txEntry, buf []byte) int {
-	h := &b.hdrs[e.hdr]
-	copy(buf, h[:])
+	copy(buf, b.hdrs[e.hdr][:])
 	setPayloadLen(buf, int(e.n))
 	putPullReplyOffset(buf[hdrLen:], e.off)
-	return len(h)
+	return pullHdrLen
 }
 
 var (
@@ -490,14 +492,16 @@ func (g *engine) stampSent(now int64) {
 }
 
 // driveOnce receives one batch of frames (waiting up to timeout), handles
-// them and runs the due timers. The caller holds the drive token.
-func (g *engine) driveOnce(timeout time.Duration) error {
+// them and runs the due timers. sleptFrom is the clock prepareSleep read
+// before a receive that may sleep (0: none; a poll, timeout 0, ignores
+// it). The caller holds the drive token.
+func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) error {
 	carried := g.acksLeft
+	g.sleptFrom = 0
 	if timeout != 0 {
+		g.sleptFrom = sleptFrom
 		g.nowPolls = 0
 		g.inKernel.Store(true)
-	} else {
-		g.sleptFrom = 0
 	}
 	var n int
 	var err error
@@ -560,7 +564,6 @@ func (g *engine) driveOnce(timeout time.Duration) error {
 		g.reapSt, g.reaped = r.ep.collect(r), true
 	}
 	g.dispatching = false
-	g.sleptFrom = 0
 	g.flushAndUnlock()
 	return err
 }
@@ -674,13 +677,13 @@ const minKernelSleep = 5 * time.Millisecond
 // prepareSleep runs the timers that are due and sends the acks that wait
 // for a reply to ride on — the driver is about to sleep, so no reply is
 // coming soon — then returns how long to sleep: until the next timer
-// (at least minKernelSleep), at most maxSleep.
-func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
+// (at least minKernelSleep), at most maxSleep; and the clock it read, for
+// driveOnce.
+func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 	g.mu.Lock()
 	g.settleAcks()
 	g.acksLeft = false
 	now := g.readClock()
-	g.sleptFrom = now
 	g.runTimers(now)
 	if g.acksDue {
 		g.acksDue = false
@@ -690,7 +693,7 @@ func (g *engine) prepareSleep(maxSleep time.Duration) time.Duration {
 	}
 	d := g.sleepFor(now, maxSleep)
 	g.flushAndUnlock()
-	return max(d, minKernelSleep)
+	return max(d, minKernelSleep), now
 }
 
 // runTimers stamps the frames sent since the clock was last read
@@ -968,11 +971,12 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			spinUntil, polling = 0, false
 		}
 		var timeout time.Duration
+		var sleptFrom int64
 		if !polling {
 			if stopHook == nil && ctx.Done() != nil && g.waker != nil {
 				stopHook = context.AfterFunc(ctx, g.waker.Wake)
 			}
-			timeout = g.prepareSleep(100 * time.Millisecond)
+			timeout, sleptFrom = g.prepareSleep(100 * time.Millisecond)
 			if done() {
 				return nil // completed by a timer or an ack processed just now
 			}
@@ -987,7 +991,7 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 				}
 			}
 		}
-		if err := g.driveOnce(timeout); err != nil {
+		if err := g.driveOnce(timeout, sleptFrom); err != nil {
 			if g.closed.Load() {
 				return ErrClosed
 			}
@@ -1051,8 +1055,7 @@ func (g *engine) background() {
 		}
 		g.bgDriving.Store(true)
 		for g.wantDrive.Load() == 0 && !g.closed.Load() {
-			timeout := g.prepareSleep(250 * time.Millisecond)
-			if g.driveOnce(timeout) != nil && g.closed.Load() {
+			if g.driveOnce(g.prepareSleep(250*time.Millisecond)) != nil && g.closed.Load() {
 				break
 			}
 		}

@@ -400,12 +400,11 @@ func (p *peer) onAck(ack uint32, now int64) {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) noteAck(ack uint32, now int64) bool {
-	n := ack - p.acked
-	if n == 0 || n > p.inFlight() {
-		return false // old or impossible ack
+	if !p.moves(ack) {
+		return false
 	}
 	if p.ackQueued {
-		if n > p.ackIn-p.acked {
+		if ack-p.acked > p.ackIn-p.acked {
 			p.ackIn, p.ackInAt = ack, now
 		}
 		return false
@@ -435,6 +434,13 @@ func (p *peer) takeAck() bool {
 	return p.ackUpTo(p.ackIn, p.ackInAt)
 }
 
+// moves reports whether cumulative ack ack moves the send window: it is
+// neither old nor beyond the frames in flight.
+func (p *peer) moves(ack uint32) bool {
+	n := ack - p.acked
+	return n != 0 && n <= p.inFlight()
+}
+
 // acks reports whether frame seq is covered by an ack noteAck recorded.
 func (p *peer) acks(seq uint32) bool {
 	return p.ackQueued && seq-p.acked < p.ackIn-p.acked
@@ -445,9 +451,8 @@ func (p *peer) acks(seq uint32) bool {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) ackUpTo(ack uint32, now int64) bool {
-	n := ack - p.acked
-	if n == 0 || n > p.inFlight() {
-		return false // old or impossible ack
+	if !p.moves(ack) {
+		return false
 	}
 	e := p.ep
 	for seq := p.acked; seq != ack; seq++ {
