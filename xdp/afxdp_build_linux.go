@@ -68,16 +68,14 @@ func (l *AFXDPLink) SendBuilt(n int, b Builder) (int, error) {
 // sendInPlace is SendBuilt (b) or SendGather (g); missing is the error of
 // a nil argument, reported once the link is known to be open.
 func (l *AFXDPLink) sendInPlace(n int, b Builder, g Gatherer, missing error) (int, error) {
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
 	if l.closed.Load() {
 		return 0, l.closedErr("send")
 	}
 	if missing != nil {
 		return 0, &OpError{Op: "send", Interface: l.ifname, Err: missing}
 	}
-	l.txMu.Lock()
-	defer l.txMu.Unlock()
 	sent, _, err := l.sendBuiltLocked(0, n, b, g, nil, 0)
 	return sent, err
 }
@@ -85,13 +83,11 @@ func (l *AFXDPLink) sendInPlace(n int, b Builder, g Gatherer, missing error) (in
 // sendBuiltRouted is SendBuilt of frames from..n-1 for the multi-queue link
 // m, of which l is queue index q: see sendBuiltLocked.
 func (l *AFXDPLink) sendBuiltRouted(from, n int, b Builder, m *AFXDPMultiLink, q int) (next, spilled int, err error) {
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
 	if l.closed.Load() {
 		return from, 0, l.closedErr("send")
 	}
-	l.txMu.Lock()
-	defer l.txMu.Unlock()
 	return l.sendBuiltLocked(from, n, b, nil, m, q)
 }
 
@@ -195,8 +191,6 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDP
 // place in the UMEM; a multi-buffer one is reassembled in a scratch buffer
 // first.
 func (l *AFXDPLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, error) {
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
 		return 0, l.closedErr("recv")
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -137,6 +138,12 @@ const (
 // received ones where the kernel put them, under the same locks and with
 // the same ownership as Send and Recv.
 //
+// Send, SendBuilt, Recv and RecvVisit take only the lock of their side
+// (txMu, rxMu), and look at closed under it: Close sets closed, wakes the
+// callers asleep in poll, and takes both locks before it releases the
+// rings and the socket. A poll with nothing to do takes no lock at all
+// (rxIdle).
+//
 // LOCK ORDERING: closeMu > rxMu, closeMu > txMu.
 type AFXDPLink struct {
 	ifname    string
@@ -162,9 +169,17 @@ type AFXDPLink struct {
 	umem []byte // the UMEM mapping
 
 	closed atomic.Bool
-	// closeMu is held shared by every call that uses fd, efd or a mapping,
-	// and exclusively by Close while it releases them.
+	// closeMu is held shared by the calls that use fd, efd, wk or the
+	// UMEM outside the two sides' locks (Wake, Stats, AllocBuffer), and
+	// exclusively by Close while it releases them.
 	closeMu sync.RWMutex
+
+	// idle points at the RX ring's producer and consumer indices and the
+	// fill ring's flags, for rxIdle, which looks without a lock. Set at
+	// open, never changed: Close retires the two rings (ring.retire)
+	// rather than unmapping them, and a cleanup unmaps the placeholders
+	// once the link is unreachable.
+	idle struct{ rxProd, rxCons, fillFlags *uint32 }
 
 	rxMu sync.Mutex
 	// +checklocks:rxMu
@@ -361,6 +376,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 		return nil, fail("map RX ring", err)
 	}
 	undo = append(undo, func() { l.rx.unmap() })
+	l.pointIdle()
 	if err := l.tx.mmap(l.fd, unix.XDP_PGOFF_TX_RING, off.Tx, size); err != nil {
 		return nil, fail("map TX ring", err)
 	}
@@ -513,39 +529,50 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 	if len(sizes) < len(bufs) {
 		return 0, fmt.Errorf("xdp: recv on %s: %d sizes for %d buffers", l.ifname, len(sizes), len(bufs))
 	}
-	l.closeMu.RLock()
 	if l.closed.Load() {
-		l.closeMu.RUnlock()
 		return 0, l.closedErr("recv")
 	}
 	if timeout == 0 && l.rxIdle() {
-		l.closeMu.RUnlock()
 		return 0, nil
 	}
 	l.rxMu.Lock()
 	// A busy-polling caller comes here millions of times a second: the
-	// locks are released by hand rather than by defer.
+	// lock is released by hand rather than by defer.
 	n, err := l.recvLocked(bufs, sizes, 0, nil, timeout)
 	l.rxMu.Unlock()
-	l.closeMu.RUnlock()
 	return n, err
 }
 
-// rxIdle reports, without the receive lock, that a poll would find
-// nothing to do: the RX ring is empty (its producer index is where we
-// last consumed to) and the kernel asks for no wake-up on the fill ring.
-// A busy-polling caller then costs no lock of the receive side. The
-// caller holds closeMu shared, which keeps the rings mapped.
+// rxIdle reports, without a lock, that a poll would find nothing to do:
+// the RX ring is empty (its producer index is where we last consumed to)
+// and the kernel asks for no wake-up on the fill ring. A busy-polling
+// caller then takes no lock. After Close it reads the retired rings'
+// zeros (idle), and the caller finds the link closed at its next call.
 func (l *AFXDPLink) rxIdle() bool {
-	return atomic.LoadUint32(l.rx.producer) == atomic.LoadUint32(l.rx.consumer) && !l.fill.needWakeup()
+	idle := atomic.LoadUint32(l.idle.rxProd) == atomic.LoadUint32(l.idle.rxCons) &&
+		atomic.LoadUint32(l.idle.fillFlags)&unix.XDP_RING_NEED_WAKEUP == 0
+	// The placeholders stay mapped while l is reachable: keep it so
+	// until the loads are done.
+	runtime.KeepAlive(l)
+	return idle
 }
 
-// recvLocked is Recv with closeMu held shared and rxMu held; with a
-// visitor v it is RecvVisit, showing up to max frames to v instead of
-// copying them into bufs.
+// pointIdle points l.idle at the mapped RX and fill rings.
+//
+// +checklocksignore: called while l is being built, before any receive.
+func (l *AFXDPLink) pointIdle() {
+	l.idle.rxProd, l.idle.rxCons, l.idle.fillFlags = l.rx.producer, l.rx.consumer, l.fill.flags
+}
+
+// recvLocked is Recv with rxMu held; with a visitor v it is RecvVisit,
+// showing up to max frames to v instead of copying them into bufs.
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, timeout time.Duration) (int, error) {
+	if l.closed.Load() {
+		// Close has released the rings, or waits for rxMu to do so.
+		return 0, l.closedErr("recv")
+	}
 	if timeout != 0 {
 		l.rxTimer.start(timeout, l.spin)
 	}
@@ -703,13 +730,12 @@ func (l *AFXDPLink) takeDesc(i uint32) (data []byte, ok bool) {
 
 // Send implements Link.
 func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
-	if l.closed.Load() {
-		return 0, l.closedErr("send")
-	}
 	l.txMu.Lock()
 	defer l.txMu.Unlock()
+	if l.closed.Load() {
+		// Close has released the rings, or waits for txMu to do so.
+		return 0, l.closedErr("send")
+	}
 
 	sent := 0
 	var stalledSince time.Time
@@ -1005,6 +1031,7 @@ func (l *AFXDPLink) Close() error {
 
 	l.readKernelStats(&l.final)
 	var errs []error
+	var retired [2][]byte
 	note := func(op string, err error) {
 		if err != nil {
 			errs = append(errs, &OpError{Op: op, Interface: l.ifname, Err: err})
@@ -1013,10 +1040,15 @@ func (l *AFXDPLink) Close() error {
 	note("unregister socket from XSKMAP", l.steer.steer.Unregister(l.queue))
 	note("detach steering program", releaseSteering(l.steerKey, l.steer))
 	// The rings are mappings of the socket: unmap them before closing it,
-	// and unmap the UMEM only once the kernel has let go of it.
+	// and unmap the UMEM only once the kernel has let go of it. The RX and
+	// fill rings, which rxIdle reads without a lock, are retired instead.
 	l.rxMu.Lock()
-	note("unmap RX ring", l.rx.unmap())
-	note("unmap fill ring", l.fill.unmap())
+	var err error
+	retired[0], err = l.rx.retire()
+	note("retire RX ring", err)
+	retired[1], err = l.fill.retire()
+	note("retire fill ring", err)
+	runtime.AddCleanup(l, unmapAll, retired)
 	l.rxScratch = nil
 	l.rxMu.Unlock()
 	l.txMu.Lock()
@@ -1035,6 +1067,15 @@ func (l *AFXDPLink) Close() error {
 	note("close eventfd", unix.Close(l.efd))
 	note("close wake eventfd", unix.Close(l.wk.fd))
 	return errors.Join(errs...)
+}
+
+// unmapAll unmaps the retired rings of a closed link that is unreachable.
+func unmapAll(mems [2][]byte) {
+	for _, m := range mems {
+		if m != nil {
+			unix.Munmap(m)
+		}
+	}
 }
 
 // packetEnd finds the end of the packet whose first RX descriptor is at

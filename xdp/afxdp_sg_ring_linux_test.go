@@ -57,6 +57,7 @@ func fakeLink(t testing.TB, frameSize, numFrames int, sg bool) *AFXDPLink {
 	l.fill.submit()
 	l.tx.cachedCons = half // producer side: consumer + size
 	l.fill.cachedCons = half
+	l.pointIdle()
 	l.initTxFree(numFrames)
 	return l
 }

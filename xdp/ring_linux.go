@@ -60,6 +60,26 @@ func (r *ring) unmap() error {
 	return err
 }
 
+// retire replaces the ring's mapping with a private anonymous one of the
+// same size and forgets it, as unmap does: the kernel's pages are released
+// as by munmap, and a reader still looking at the ring's indices without
+// its owner's lock (AFXDPLink.rxIdle) reads zeros, an empty ring that asks
+// for no wake-up, instead of faulting. It returns the placeholder, which
+// the caller unmaps (unix.Munmap) once no such reader can look. If the
+// placeholder cannot be put in place, the ring stays mapped.
+func (r *ring) retire() ([]byte, error) {
+	if r.mem == nil {
+		return nil, nil
+	}
+	mem := r.mem
+	if _, err := unix.MmapPtr(-1, 0, unsafe.Pointer(&mem[0]), uintptr(len(mem)),
+		unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED); err != nil {
+		return nil, err
+	}
+	*r = ring{}
+	return mem, nil
+}
+
 // needWakeup reports whether the kernel asked to be woken (XDP_USE_NEED_WAKEUP).
 func (r *ring) needWakeup() bool {
 	return atomic.LoadUint32(r.flags)&unix.XDP_RING_NEED_WAKEUP != 0

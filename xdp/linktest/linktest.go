@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -57,6 +58,7 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("WaitMeter", func(t *testing.T) { testWaitMeter(t, mk) })
 	t.Run("WakeEndsWait", func(t *testing.T) { testWake(t, mk) })
 	t.Run("CloseUnblocksRecv", func(t *testing.T) { testCloseUnblocks(t, mk) })
+	t.Run("CloseWhilePolling", func(t *testing.T) { testCloseWhilePolling(t, mk) })
 	t.Run("NoLeaks", func(t *testing.T) { testNoLeaks(t, mk) })
 	// FrameBuilder and FrameVisitor, on the links that implement them.
 	t.Run("BuiltVisitedEverySize", func(t *testing.T) { testBuiltBurst(t, mk, opts) })
@@ -536,6 +538,63 @@ func testCloseUnblocks(t *testing.T, mk MakePair) {
 		t.Errorf("second Close = %v", err)
 	}
 	_ = p.B.Stats() // must not crash after Close
+}
+
+// testCloseWhilePolling closes a link while goroutines poll it (Recv and,
+// if it has it, RecvVisit, with timeout 0: calls that may take no lock)
+// and send on it as fast as they can, with frames arriving: each call
+// returns net.ErrClosed once the link is closed, none crashes. It runs on
+// a few pairs, so that Close lands at different points of the calls.
+func testCloseWhilePolling(t *testing.T, mk MakePair) {
+	for round := range 3 {
+		p := mk(t)
+		var calls [3]atomic.Int64
+		errc := make(chan error, 3)
+		loop := func(i int, call func() error) {
+			for {
+				calls[i].Add(1)
+				if err := call(); err != nil {
+					errc <- err
+					return
+				}
+			}
+		}
+		b, sizes := bufs(4, 2048)
+		go loop(0, func() error { _, err := p.B.Recv(b, sizes, 0); return err })
+		nop := visitFunc(func([]byte) {})
+		v, visits := p.B.(xdp.FrameVisitor)
+		if visits {
+			go loop(1, func() error { _, err := v.RecvVisit(4, 0, nop); return err })
+		}
+		out := frame(make([]byte, 100), p.A.HardwareAddr(), p.B.HardwareAddr(), 7, 0, 100)
+		go loop(2, func() error { _, err := p.B.Send([][]byte{out}); return err })
+		in := frame(make([]byte, 100), p.B.HardwareAddr(), p.A.HardwareAddr(), 7, 0, 100)
+		for i := 0; i < 200 && (calls[0].Load() < 1000 || calls[2].Load() < 100); i++ {
+			p.A.Send([][]byte{in, in})
+			time.Sleep(time.Millisecond)
+		}
+		if err := p.B.Close(); err != nil {
+			t.Fatalf("round %d: close: %v", round, err)
+		}
+		want := 2
+		if visits {
+			want = 3
+		}
+		for range want {
+			select {
+			case err := <-errc:
+				if !errors.Is(err, net.ErrClosed) {
+					t.Fatalf("round %d: a call returned %v after Close, want net.ErrClosed", round, err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("round %d: a call still running 5 s after Close", round)
+			}
+		}
+		t.Logf("round %d: %d receives, %d visits, %d sends before Close", round, calls[0].Load(), calls[1].Load(), calls[2].Load())
+		if err := p.A.Close(); err != nil { // the next pair may want its queue
+			t.Fatalf("round %d: close: %v", round, err)
+		}
+	}
 }
 
 // testNoLeaks opens and closes pairs, with traffic and a blocked receiver,
