@@ -1,6 +1,8 @@
 package msglayer
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,5 +93,95 @@ func TestDriverNowAfterSleep(t *testing.T) {
 	before := g.clock.Now()
 	if now := g.driverNow(); now < before {
 		t.Errorf("driverNow without a wait measure = %d, before the clock read just before it (%d)", now, before)
+	}
+}
+
+// boundedCounter is a mem link that counts the receives that may wait
+// (a driver about to sleep).
+type boundedCounter struct {
+	*xdp.MemLink
+	bounded atomic.Int64
+}
+
+func (l *boundedCounter) RecvVisit(max int, timeout time.Duration, v xdp.Visitor) (int, error) {
+	if timeout != 0 {
+		l.bounded.Add(1)
+	}
+	return l.MemLink.RecvVisit(max, timeout, v)
+}
+
+// countingClock counts its readings.
+type countingClock struct {
+	Clock
+	reads atomic.Int64
+}
+
+func (c *countingClock) Now() int64 { c.reads.Add(1); return c.Clock.Now() }
+
+// TestPeekBeforeSleep checks that a blocking driver handles a frame
+// already waiting without a receive that may sleep (the look before it
+// prepares to sleep), and that a look at an idle link reads no clock.
+func TestPeekBeforeSleep(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lc := hub.Attach(), hub.Attach()
+	defer la.Close()
+	defer lc.Close()
+	wc := &boundedCounter{MemLink: lc}
+	clk := &countingClock{Clock: NewRealClock()}
+	a, err := Open(Config{Link: la, EndpointID: 1, Key: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	c, err := Open(Config{Link: wc, EndpointID: 2, Key: 2, Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, c.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Connect(ctx, a.Addr(), 1); err != nil {
+		t.Fatal(err)
+	}
+
+	// Drive c by hand: take its token from the background goroutine.
+	g := c.eng
+	g.wantDrive.Add(1)
+	for !g.drive.tryTake() {
+		g.signal()
+		time.Sleep(time.Millisecond)
+	}
+	g.wantDrive.Add(-1)
+	defer g.drive.release()
+
+	in := make([]byte, 8)
+	r, err := c.Irecv(0, 0, [][]byte{in}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.Isend(c.Addr(), 0, [][]byte{[]byte("8 bytes!")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Forget(s)
+	bounded := wc.bounded.Load()
+	if err := g.driveUntil(ctx, r.r.doneFlag.Load); err != nil {
+		t.Fatal(err)
+	}
+	if n := wc.bounded.Load() - bounded; n != 0 {
+		t.Errorf("%d receives that may sleep for a frame already there, want 0", n)
+	}
+	if st, ok, err := c.Test(r); !ok || err != nil || string(in) != "8 bytes!" {
+		t.Fatalf("receive: %+v %v %v, %q", st, ok, err, in)
+	}
+	reads := clk.reads.Load()
+	if got, err := g.peek(); got || err != nil {
+		t.Fatalf("peek at an idle link = %v, %v", got, err)
+	}
+	if n := clk.reads.Load() - reads; n != 0 {
+		t.Errorf("peek at an idle link read the clock %d times", n)
 	}
 }
