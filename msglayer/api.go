@@ -325,18 +325,32 @@ func (e *Endpoint) Test(h Request) (Status, bool, error) {
 	return e.collect(r), true, nil
 }
 
-// collect takes a completed request out of its done queue and releases it.
+// collect takes a completed request out of its done queue and releases
+// it, returning its status.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) collect(r *request) Status {
+	st := r.status
+	e.collectTo(r, nil)
+	return st
+}
+
+// collectTo is collect copying the status to st (unless nil) rather than
+// returning it: a status returned by value is stored field by field and
+// then copied whole into the caller's variable, which costs a failed
+// store-to-load forwarding (the driver collects its Wait's request so).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) collectTo(r *request, st *Status) {
 	if gr := r.group; gr != nil {
 		gr.remove(r)
 	} else {
 		e.done.remove(r)
 	}
-	st := r.status
+	if st != nil {
+		*st = r.status
+	}
 	e.release(r)
-	return st
 }
 
 // Wait waits for the request to complete and returns its status; the

@@ -662,6 +662,24 @@ func (e *Endpoint) peerAt(a Addr) *peer {
 	return p
 }
 
+// peerFrom returns the peer that sent frame f (header h), as peerAt
+// does. The last peer's address is compared with the frame's in place:
+// an Addr built on the stack field by field and then read whole costs a
+// failed store-to-load forwarding on every frame.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) peerFrom(f []byte, h *header) *peer {
+	if p := e.lastPeer; p != nil && p.addr.EP == h.srcEP && p.addr.MAC == [6]byte(f[6:12]) {
+		return p
+	}
+	return e.peerAt(srcAddr(f, h))
+}
+
+// srcAddr returns the address that sent frame f (header h).
+func srcAddr(f []byte, h *header) Addr {
+	return Addr{MAC: [6]byte(f[6:12]), EP: h.srcEP}
+}
+
 // peerFor returns the peer record of a, creating it.
 //
 // +checklocks:e.eng.mu

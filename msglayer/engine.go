@@ -146,6 +146,11 @@ type engine struct {
 	// operation beyond the engine lock's.
 	// +checklocks:mu
 	flushing bool
+	// slotBlocked: some endpoint's blockedOnSlot is set, so a flush that
+	// frees a window slot looks for messages to frame (most never find
+	// one: the loop over the endpoints is skipped).
+	// +checklocks:mu
+	slotBlocked bool
 	// unstamped: window slots whose frames a flush handed to the link
 	// without reading the clock (txSlot.stamp). The next driver to read
 	// the clock stamps them (stampSent), within a batch or a sleep.
@@ -448,8 +453,9 @@ func (g *engine) flushAndUnlock() {
 			}
 		}
 		clear(g.txSending)
-		if repump {
+		if repump && g.slotBlocked {
 			// Messages may have waited for a slot still being sent.
+			g.slotBlocked = false
 			for _, e := range g.epList {
 				if e.blockedOnSlot {
 					e.blockedOnSlot = false
@@ -589,7 +595,8 @@ func (g *engine) handled(n int, carried bool) {
 	// ack's arrival.
 	g.runTimers(now)
 	if r := g.reapTarget(); r != nil && r.done {
-		g.reapSt, g.reaped = r.ep.collect(r), true
+		r.ep.collectTo(r, &g.reapSt)
+		g.reaped = true
 	}
 	g.dispatching = false
 	g.flushAndUnlock()
@@ -758,8 +765,8 @@ func (g *engine) dispatch(f []byte, now int64) {
 		g.badFrames++
 		return
 	}
-	h, err := decodeHeader(f)
-	if err != nil {
+	var h header
+	if h.decode(f) != nil {
 		g.badFrames++
 		return
 	}

@@ -241,7 +241,7 @@ func (p *peer) nextSlot() *txSlot {
 	}
 	s := &p.win[p.nextSeq%uint32(len(p.win))]
 	if s.pending > 0 {
-		p.ep.blockedOnSlot = true
+		p.ep.blockedOnSlot, p.ep.eng.slotBlocked = true, true
 		return nil
 	}
 	if s.buf == nil {
@@ -273,16 +273,21 @@ func (p *peer) releaseOOO(s *rxSlot) {
 	}
 }
 
-// header fills the common header fields of a frame to the peer.
-func (p *peer) header(t frameType) header {
-	return header{
-		typ:        t,
-		dstEP:      p.addr.EP,
-		srcEP:      p.ep.id,
-		dstSession: p.remoteSession,
-		srcSession: p.ep.session,
-		ack:        p.expected,
-	}
+// header returns the common header of a frame of type t to the peer,
+// with no sequence number, flags or payload.
+func (p *peer) header(t frameType) (h header) {
+	p.setHeader(&h, t, 0, 0, 0)
+	return h
+}
+
+// setHeader sets h to the common header of a frame of type t to the peer
+// with the sequence number, flags and payload length given. It writes
+// the fields in place: a header built apart and then copied whole costs a
+// failed store-to-load forwarding on the frame path.
+func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint16, payload int) {
+	h.typ, h.dstEP, h.srcEP = t, p.addr.EP, p.ep.id
+	h.dstSession, h.srcSession = p.remoteSession, p.ep.session
+	h.seq, h.ack, h.flags, h.payloadLen = seq, p.expected, flags, payload
 }
 
 // atSend, given to sendReliable (through frameMessage) as the time, stamps
@@ -290,15 +295,17 @@ func (p *peer) header(t frameType) header {
 // now: an API call sends without reading the clock.
 const atSend = math.MinInt64
 
-// sendReliable assigns the next sequence number to the frame being built
-// in s (type header and payload already written after hdrLen), writes its
-// common header, and queues it.
+// sendReliable assigns the next sequence number to the frame of type t
+// being built in s (type header and payload of the given length already
+// written after hdrLen), writes its common header, and queues it.
 //
 // +checklocks:p.ep.eng.mu
-func (p *peer) sendReliable(s *txSlot, h header, n int, req *request, first, last bool, now int64) {
+func (p *peer) sendReliable(s *txSlot, t frameType, flags uint16, payload int, req *request, first, last bool, now int64) {
 	e := p.ep
-	h.seq = p.nextSeq
+	var h header
+	p.setHeader(&h, t, p.nextSeq, flags, payload)
 	putHeader(s.buf, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
+	n := frameLen(t, payload)
 	s.n = int32(n)
 	s.seq = p.nextSeq
 	s.used = true

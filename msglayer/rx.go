@@ -8,29 +8,26 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 	if e.closed {
 		return
 	}
-	var src Addr
-	copy(src.MAC[:], f[6:12])
-	src.EP = h.srcEP
 	e.stats.FramesIn++
 	e.stats.BytesIn += uint64(len(f))
 	th, payload := typeHdr(f, h)
 	switch h.typ {
 	case tConnect:
-		e.onConnect(src, h, th, now)
+		e.onConnect(srcAddr(f, h), h, th, now)
 		return
 	case tConnectReply:
-		e.onConnectReply(src, h, th, now)
+		e.onConnectReply(srcAddr(f, h), h, th, now)
 		return
 	case tNack:
-		if e.onSessionNack(src, h, th) {
+		if e.onSessionNack(srcAddr(f, h), h, th) {
 			return
 		}
 	}
-	p := e.peerAt(src)
+	p := e.peerFrom(f, h)
 	if p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != e.session {
 		e.stats.StaleFrames++
 		if h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive {
-			e.nackSession(src, h)
+			e.nackSession(srcAddr(f, h), h)
 		}
 		return
 	}
@@ -65,7 +62,7 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 	case tDisconnect:
 		p.reset(Aborted)
 		p.connected = false
-		delete(e.peers, src)
+		delete(e.peers, p.addr)
 		e.lastPeer = nil
 	}
 }

@@ -30,7 +30,7 @@ func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
 		n := notifyHdr{rndvID: r.rndvID, xferLen: uint32(r.status.XferLen), code: r.status.Code}
 		n.put(s.buf[hdrLen:])
 		r.unacked++
-		p.sendReliable(s, p.header(tNotify), frameLen(tNotify, 0), r, true, true, now)
+		p.sendReliable(s, tNotify, 0, 0, r, true, true, now)
 		return true
 	case r.put:
 		s := p.nextSlot()
@@ -41,7 +41,7 @@ func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
 		ph.put(s.buf[hdrLen:])
 		r.unacked++
 		r.framed = r.length
-		p.sendReliable(s, p.header(tPut), frameLen(tPut, 0), r, true, true, now)
+		p.sendReliable(s, tPut, 0, 0, r, true, true, now)
 		return true
 	case r.rndv:
 		s := p.nextSlot()
@@ -50,13 +50,13 @@ func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
 		}
 		rh := rndvHdr{match: r.match, msgLen: uint32(r.length), rndvID: r.rndvID}
 		rh.put(s.buf[hdrLen:])
-		h := p.header(tRndv)
+		var flags uint16
 		if r.sync {
-			h.flags = flagSync
+			flags = flagSync
 		}
 		r.unacked++
 		r.framed = r.length
-		p.sendReliable(s, h, frameLen(tRndv, 0), r, true, true, now)
+		p.sendReliable(s, tRndv, flags, 0, r, true, true, now)
 		return true
 	}
 	maxPay := p.eagerPayload()
@@ -71,12 +71,10 @@ func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
 		eh := eagerHdr{match: r.match, msgLen: uint32(r.length), offset: uint32(r.framed)}
 		eh.put(th)
 		copyFromSegs(th[eagerHdrLen:eagerHdrLen+chunk], r.segs, r.framed)
-		h := p.header(tEager)
-		h.payloadLen = chunk
 		r.framed += chunk
 		last := r.framed == r.length
 		r.unacked++
-		p.sendReliable(s, h, frameLen(tEager, chunk), r, first, last, now)
+		p.sendReliable(s, tEager, 0, chunk, r, first, last, now)
 		if last {
 			r.buffered = true
 			return true

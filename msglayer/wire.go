@@ -128,16 +128,25 @@ var (
 // decodeHeader parses the common header of frame f (Ethernet header
 // included) and checks that the payload fits. It never panics.
 func decodeHeader(f []byte) (h header, err error) {
+	err = h.decode(f)
+	return h, err
+}
+
+// decode is decodeHeader writing into h. The frame path uses it: a
+// header returned by value is stored field by field and then copied
+// whole, and the copy's wide loads cannot be forwarded from the narrow
+// stores (a stall on every frame).
+func (h *header) decode(f []byte) error {
 	if len(f) < hdrLen {
-		return h, errShortFrame
+		return errShortFrame
 	}
 	b := f[xdp.EthHeaderLen:]
 	if b[0] != wireVersion {
-		return h, errBadVersion
+		return errBadVersion
 	}
 	h.typ = frameType(b[1])
 	if h.typ == 0 || h.typ > maxFrameType {
-		return h, errBadType
+		return errBadType
 	}
 	h.dstEP = b[2]
 	h.srcEP = b[3]
@@ -150,9 +159,9 @@ func decodeHeader(f []byte) (h header, err error) {
 	// Frames may be padded to the Ethernet minimum: the payload must fit,
 	// it need not fill the frame.
 	if hdrLen+typeHdrLen[h.typ]+h.payloadLen > len(f) {
-		return h, errBadLength
+		return errBadLength
 	}
-	return h, nil
+	return nil
 }
 
 // putHeader writes the Ethernet and common headers into f and returns the
