@@ -655,6 +655,14 @@ func (e *Endpoint) peerAt(a Addr) *peer {
 	if p := e.lastPeer; p != nil && p.addr == a {
 		return p
 	}
+	return e.lookupPeer(a)
+}
+
+// lookupPeer is peerAt's look in the peer map, which remembers the peer
+// found.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) lookupPeer(a Addr) *peer {
 	p := e.peers[a]
 	if p != nil {
 		e.lastPeer = p
@@ -672,7 +680,7 @@ func (e *Endpoint) peerFrom(f []byte, h *header) *peer {
 	if p := e.lastPeer; p != nil && p.addr.EP == h.srcEP && p.addr.MAC == [6]byte(f[6:12]) {
 		return p
 	}
-	return e.peerAt(srcAddr(f, h))
+	return e.lookupPeer(srcAddr(f, h))
 }
 
 // srcAddr returns the address that sent frame f (header h).

@@ -97,15 +97,17 @@ func TestDriverNowAfterSleep(t *testing.T) {
 }
 
 // boundedCounter is a mem link that counts the receives that may wait
-// (a driver about to sleep).
+// (a driver about to sleep) and the polls.
 type boundedCounter struct {
 	*xdp.MemLink
-	bounded atomic.Int64
+	bounded, polls atomic.Int64
 }
 
 func (l *boundedCounter) RecvVisit(max int, timeout time.Duration, v xdp.Visitor) (int, error) {
 	if timeout != 0 {
 		l.bounded.Add(1)
+	} else {
+		l.polls.Add(1)
 	}
 	return l.MemLink.RecvVisit(max, timeout, v)
 }
@@ -120,7 +122,9 @@ func (c *countingClock) Now() int64 { c.reads.Add(1); return c.Clock.Now() }
 
 // TestPeekBeforeSleep checks that a blocking driver handles a frame
 // already waiting without a receive that may sleep (the look before it
-// prepares to sleep), and that a look at an idle link reads no clock.
+// prepares to sleep); that a look at an idle link reads no clock and does
+// not poll it; and that on a link that cannot tell it is idle without a
+// syscall (no xdp.IdleProber: AF_PACKET) the driver does not look.
 func TestPeekBeforeSleep(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	la, lc := hub.Attach(), hub.Attach()
@@ -177,11 +181,30 @@ func TestPeekBeforeSleep(t *testing.T) {
 	if st, ok, err := c.Test(r); !ok || err != nil || string(in) != "8 bytes!" {
 		t.Fatalf("receive: %+v %v %v, %q", st, ok, err, in)
 	}
-	reads := clk.reads.Load()
+	reads, polls := clk.reads.Load(), wc.polls.Load()
 	if got, err := g.peek(); got || err != nil {
 		t.Fatalf("peek at an idle link = %v, %v", got, err)
 	}
 	if n := clk.reads.Load() - reads; n != 0 {
 		t.Errorf("peek at an idle link read the clock %d times", n)
+	}
+	if n := wc.polls.Load() - polls; n != 0 {
+		t.Errorf("peek at an idle link polled it %d times", n)
+	}
+
+	// Without the prober, no look even with a frame there.
+	r, err = c.Irecv(0, 0, [][]byte{in}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, err := a.Isend(c.Addr(), 0, [][]byte{[]byte("8 bytes!")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Forget(s2)
+	g.prober = nil
+	polls = wc.polls.Load()
+	if got, err := g.peek(); got || err != nil || wc.polls.Load() != polls {
+		t.Errorf("peek without a prober = %v, %v after %d polls; want no look", got, err, wc.polls.Load()-polls)
 	}
 }

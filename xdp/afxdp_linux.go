@@ -169,9 +169,10 @@ type AFXDPLink struct {
 	umem []byte // the UMEM mapping
 
 	closed atomic.Bool
-	// closeMu is held shared by the calls that use fd, efd, wk or the
-	// UMEM outside the two sides' locks (Wake, Stats, AllocBuffer), and
-	// exclusively by Close while it releases them.
+	// closeMu is held shared by the calls other than Send and Recv and
+	// their in-place forms that use fd or wk (Wake, Stats) or lend the
+	// UMEM (AllocBuffer), and exclusively by Close, once, before it
+	// releases them: a barrier after which those calls see closed.
 	closeMu sync.RWMutex
 
 	// idle points at the RX ring's producer and consumer indices and the
@@ -238,6 +239,7 @@ var (
 	_ Link         = (*AFXDPLink)(nil)
 	_ Waker        = (*AFXDPLink)(nil)
 	_ WaitMeter    = (*AFXDPLink)(nil)
+	_ IdleProber   = (*AFXDPLink)(nil)
 	_ FrameBuilder = (*AFXDPLink)(nil)
 	_ FrameVisitor = (*AFXDPLink)(nil)
 	_ BufferLink   = (*AFXDPLink)(nil)
@@ -556,6 +558,9 @@ func (l *AFXDPLink) rxIdle() bool {
 	runtime.KeepAlive(l)
 	return idle
 }
+
+// RxIdle implements IdleProber.
+func (l *AFXDPLink) RxIdle() bool { return l.rxIdle() }
 
 // pointIdle points l.idle at the mapped RX and fill rings.
 //
@@ -1020,16 +1025,21 @@ func (l *AFXDPLink) readKernelStats(k *unix.XDPStatistics) {
 }
 
 // Close implements Link. Calls blocked in Send or Recv return net.ErrClosed;
-// Close waits for them to leave before it unmaps the rings and the UMEM.
+// Close waits for them to leave before it releases the rings (the RX and
+// fill rings are retired: see ring.retire), the socket and the UMEM.
 func (l *AFXDPLink) Close() error {
 	if !l.closed.CompareAndSwap(false, true) {
 		return nil
 	}
 	eventfdSignal(l.efd) // wake pollers; the eventfd stays readable
+	// The calls that hold closeMu shared look at closed under it: once
+	// Close has held it, none is left and none will touch fd, wk or the
+	// UMEM. Close does not keep it while it waits for the two sides'
+	// locks below: a visitor, which runs under rxMu, may call AllocBuffer.
 	l.closeMu.Lock()
-	defer l.closeMu.Unlock()
-
 	l.readKernelStats(&l.final)
+	l.closeMu.Unlock()
+
 	var errs []error
 	var retired [2][]byte
 	note := func(op string, err error) {

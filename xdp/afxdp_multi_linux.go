@@ -60,6 +60,7 @@ var (
 	_ Waker        = (*AFXDPMultiLink)(nil)
 	_ FrameBuilder = (*AFXDPMultiLink)(nil)
 	_ FrameVisitor = (*AFXDPMultiLink)(nil)
+	_ IdleProber   = (*AFXDPMultiLink)(nil)
 )
 
 // OpenAFXDPQueues opens one AF_XDP socket on each of the given queues of
@@ -269,6 +270,18 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 			m.wk.drain()
 		}
 	}
+}
+
+// RxIdle implements IdleProber: every queue's link is idle. It takes no
+// lock (the queue links are set at open and look at their rings without
+// one).
+func (m *AFXDPMultiLink) RxIdle() bool {
+	for _, l := range m.links {
+		if !l.RxIdle() {
+			return false
+		}
+	}
+	return true
 }
 
 // Wake implements Waker.

@@ -99,6 +99,17 @@ type WaitMeter interface {
 	Waited() (time.Duration, bool)
 }
 
+// IdleProber is implemented by links that can tell, without a syscall,
+// that a receive would find no frame: RxIdle reports true only if a Recv
+// or RecvVisit with timeout 0 would return none now (false: it may find
+// some). A progress engine about to sleep polls first only when RxIdle is
+// false. The AF_XDP links (no lock: three loads of the shared rings) and
+// the in-memory link implement it; AF_PACKET, whose queue is the
+// socket's, does not.
+type IdleProber interface {
+	RxIdle() bool
+}
+
 // FrameBuilder is implemented by links that let the caller write frames
 // directly into transmit memory (the UMEM for AF_XDP), saving the copy Send
 // makes. Every link of this package implements it.

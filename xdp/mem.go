@@ -399,6 +399,7 @@ var (
 	_ FrameBuilder = (*MemLink)(nil)
 	_ BufferLink   = (*MemLink)(nil)
 	_ FrameVisitor = (*MemLink)(nil)
+	_ IdleProber   = (*MemLink)(nil)
 )
 
 // Wake implements Waker.
@@ -700,6 +701,14 @@ func (l *MemLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, err
 		return 0, nil
 	}
 	return l.recvLocked(nil, nil, max, v, timeout)
+}
+
+// RxIdle implements IdleProber: the receive queue is empty (a frame
+// queued but not yet due counts as one).
+func (l *MemLink) RxIdle() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.q) == 0
 }
 
 // recvLocked is Recv of up to max frames into bufs or, with a visitor v,

@@ -17,7 +17,9 @@ import (
 //
 // A ring value is owned by exactly one goroutine at a time: the fill and RX
 // rings by the receive side (AFXDPLink.rxMu), the TX and completion rings by
-// the send side (AFXDPLink.txMu).
+// the send side (AFXDPLink.txMu). The one exception is AFXDPLink.rxIdle,
+// which loads the RX ring's indices and the fill ring's flags without the
+// lock (see retire).
 
 // ring is the part common to descriptor and address rings.
 type ring struct {
@@ -66,7 +68,10 @@ func (r *ring) unmap() error {
 // its owner's lock (AFXDPLink.rxIdle) reads zeros, an empty ring that asks
 // for no wake-up, instead of faulting. It returns the placeholder, which
 // the caller unmaps (unix.Munmap) once no such reader can look. If the
-// placeholder cannot be put in place, the ring stays mapped.
+// placeholder cannot be put in place (the kernel is out of memory for the
+// mapping), the ring stays mapped, and with it the socket: its queue stays
+// bound until the process exits, and Close reports the error. Unmapping
+// the ring instead could crash a reader.
 func (r *ring) retire() ([]byte, error) {
 	if r.mem == nil {
 		return nil, nil

@@ -59,6 +59,7 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("WakeEndsWait", func(t *testing.T) { testWake(t, mk) })
 	t.Run("CloseUnblocksRecv", func(t *testing.T) { testCloseUnblocks(t, mk) })
 	t.Run("CloseWhilePolling", func(t *testing.T) { testCloseWhilePolling(t, mk) })
+	t.Run("IdleProber", func(t *testing.T) { testIdleProber(t, mk) })
 	t.Run("NoLeaks", func(t *testing.T) { testNoLeaks(t, mk) })
 	// FrameBuilder and FrameVisitor, on the links that implement them.
 	t.Run("BuiltVisitedEverySize", func(t *testing.T) { testBuiltBurst(t, mk, opts) })
@@ -549,11 +550,15 @@ func testCloseWhilePolling(t *testing.T, mk MakePair) {
 	for round := range 3 {
 		p := mk(t)
 		var calls [3]atomic.Int64
+		var closing atomic.Bool
 		errc := make(chan error, 3)
 		loop := func(i int, call func() error) {
 			for {
 				calls[i].Add(1)
 				if err := call(); err != nil {
+					if !closing.Load() {
+						err = fmt.Errorf("before Close: %v", err) // not net.ErrClosed
+					}
 					errc <- err
 					return
 				}
@@ -573,6 +578,7 @@ func testCloseWhilePolling(t *testing.T, mk MakePair) {
 			p.A.Send([][]byte{in, in})
 			time.Sleep(time.Millisecond)
 		}
+		closing.Store(true)
 		if err := p.B.Close(); err != nil {
 			t.Fatalf("round %d: close: %v", round, err)
 		}
@@ -584,7 +590,7 @@ func testCloseWhilePolling(t *testing.T, mk MakePair) {
 			select {
 			case err := <-errc:
 				if !errors.Is(err, net.ErrClosed) {
-					t.Fatalf("round %d: a call returned %v after Close, want net.ErrClosed", round, err)
+					t.Fatalf("round %d: a call returned %v, want net.ErrClosed after Close", round, err)
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatalf("round %d: a call still running 5 s after Close", round)
@@ -595,6 +601,48 @@ func testCloseWhilePolling(t *testing.T, mk MakePair) {
 			t.Fatalf("round %d: close: %v", round, err)
 		}
 	}
+}
+
+// testIdleProber checks RxIdle, on the links that implement it: true on
+// an idle link, false once frames are there to receive, true again once
+// they are received. A link may need a receive to settle first (an AF_XDP
+// fill ring asking for a wake-up at the start counts as not idle).
+func testIdleProber(t *testing.T, mk MakePair) {
+	p := mk(t)
+	ip, ok := p.B.(xdp.IdleProber)
+	if !ok {
+		t.Logf("%s does not implement xdp.IdleProber", p.B.Info().Kind)
+		return
+	}
+	b, sizes := bufs(16, 2048)
+	settle := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(2 * time.Second); !ip.RxIdle(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("RxIdle still false 2 s %s", what)
+			}
+			if _, err := p.B.Recv(b, sizes, 0); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	settle("after opening, receiving all the while")
+	// Several frames: a link with injected loss keeps some.
+	f := frame(make([]byte, 100), p.B.HardwareAddr(), p.A.HardwareAddr(), 8, 0, 100)
+	if _, err := p.A.Send([][]byte{f, f, f, f, f, f, f, f}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); ip.RxIdle(); {
+		if time.Now().After(deadline) {
+			t.Fatal("RxIdle still true 2 s after frames were sent to the link")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if n, err := p.B.Recv(b, sizes, time.Second); n == 0 || err != nil {
+		t.Fatalf("Recv after RxIdle said false = %d, %v; want frames", n, err)
+	}
+	settle("after the frames were received")
 }
 
 // testNoLeaks opens and closes pairs, with traffic and a blocked receiver,
