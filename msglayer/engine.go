@@ -338,7 +338,19 @@ func (g *engine) queuePullHdr() (*pullHdr, uint32) {
 // +checklocks:g.mu
 func (g *engine) queuePullReply(r *request, off uint32, n int, hdr uint32) {
 	r.txRefs++
-	g.txq = append(g.txq, txEntry{r: r, off: off, n: uint32(n), hdr: hdr})
+	e := g.nextTxEntry()
+	e.r, e.off, e.n, e.hdr = r, off, uint32(n), hdr
+}
+
+// nextTxEntry appends a zero entry to the transmit queue and returns it,
+// for the caller to fill in place: an entry built apart and appended is
+// copied whole from the fields just stored, which costs a failed
+// store-to-load forwarding.
+//
+// +checklocks:g.mu
+func (g *engine) nextTxEntry() *txEntry {
+	g.txq = append(g.txq, txEntry{})
+	return &g.txq[len(g.txq)-1]
 }
 
 // unpin drops a queued reply's hold on its send; a completion that waited
@@ -370,7 +382,8 @@ func (g *engine) queue(buf []byte, slot *txSlot) {
 	if slot != nil {
 		slot.pending++
 	}
-	g.txq = append(g.txq, txEntry{buf: buf, slot: slot})
+	e := g.nextTxEntry()
+	e.buf, e.slot = buf, slot
 }
 
 // flushAndUnlock sends the queued frames and releases the engine lock,

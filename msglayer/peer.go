@@ -351,13 +351,12 @@ func (p *peer) ackSent() {
 func (p *peer) sendCtl(t frameType, flags uint16, th func(b []byte) int) {
 	e := p.ep
 	b := e.eng.scratchBuf()
-	h := p.header(t)
-	h.flags = flags
 	n := 0
 	if th != nil {
 		n = th(b[hdrLen:])
 	}
-	h.payloadLen = n
+	var h header
+	p.setHeader(&h, t, 0, flags, n)
 	putHeader(b, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
 	l := frameLen(t, n)
 	p.ackSent()
