@@ -82,7 +82,7 @@ func (e *Endpoint) sendConnect(r *request, now int64) {
 	g := e.eng
 	b := g.scratchBuf()
 	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session}
-	th := putHeader(b, r.connAddr.MAC[:], g.mac[:], g.ethType, &h)
+	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
 	g.queue(b[:frameLen(tConnect, 0)], nil)
 	r.connNext = now + int64(e.cfg.ConnectRetry)
@@ -164,7 +164,7 @@ func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, er
 		g.mu.Lock()
 		b := g.scratchBuf()
 		h := header{typ: tHostQuery, srcEP: e.id, dstEP: 0xff, payloadLen: len(name)}
-		p := putHeader(b, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, g.mac[:], g.ethType, &h)
+		p := putHeader(b, &[6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, &g.mac, g.ethType, &h)
 		copy(p, name)
 		g.queue(b[:frameLen(tHostQuery, len(name))], nil)
 		g.flushAndUnlock()

@@ -810,14 +810,14 @@ func (g *engine) nackNoEndpoint(f []byte, h *header) {
 	if h.typ == tConnect {
 		// Answer the connect itself so that it fails at once.
 		out.typ = tConnectReply
-		th := putHeader(b, f[6:12], g.mac[:], g.ethType, &out)
+		th := putHeader(b, (*[6]byte)(f[6:12]), &g.mac, g.ethType, &out)
 		th0, _ := typeHdr(f, h)
 		_, connID, _ := getConnect(th0)
 		putConnReply(th, connID, BadEndpoint, g.mtu)
 		g.queue(b[:frameLen(tConnectReply, 0)], nil)
 		return
 	}
-	th := putHeader(b, f[6:12], g.mac[:], g.ethType, &out)
+	th := putHeader(b, (*[6]byte)(f[6:12]), &g.mac, g.ethType, &out)
 	putU32U8(th, h.seq, nackBadEndpoint)
 	g.queue(b[:frameLen(tNack, 0)], nil)
 }
@@ -834,7 +834,7 @@ func (g *engine) onHost(f []byte, h *header) {
 		}
 		b := g.scratchBuf()
 		out := header{typ: tHostReply, dstEP: h.srcEP, payloadLen: len(name)}
-		p := putHeader(b, f[6:12], g.mac[:], g.ethType, &out)
+		p := putHeader(b, (*[6]byte)(f[6:12]), &g.mac, g.ethType, &out)
 		copy(p, name)
 		g.queue(b[:frameLen(tHostReply, len(name))], nil)
 	case tHostReply:

@@ -22,7 +22,7 @@ func TestEngineStartsWithFramesQueued(t *testing.T) {
 		l0, l1 := hub.Attach(), hub.Attach()
 		f := make([]byte, max(frameLen(tNop, 0), xdp.MinFrameLen))
 		h := header{typ: tNop, dstEP: 9, srcEP: 2, srcSession: 7, seq: 1}
-		putHeader(f, l0.HardwareAddr(), l1.HardwareAddr(), xdp.DefaultEtherType, &h)
+		putHeader(f, (*[6]byte)(l0.HardwareAddr()), (*[6]byte)(l1.HardwareAddr()), xdp.DefaultEtherType, &h)
 		batch := make([][]byte, frames)
 		for i := range batch {
 			batch[i] = f

@@ -101,7 +101,7 @@ func FuzzDecodeHeader(f *testing.F) {
 
 		// Re-encoding gives the same bytes, which decode to the same header.
 		out := make([]byte, len(data))
-		rest := putHeader(out, data[0:6], data[6:12], binary.BigEndian.Uint16(data[12:14]), &h)
+		rest := putHeader(out, (*[6]byte)(data[0:6]), (*[6]byte)(data[6:12]), binary.BigEndian.Uint16(data[12:14]), &h)
 		if len(rest) != len(data)-hdrLen {
 			t.Fatalf("putHeader returned %d bytes, want %d", len(rest), len(data)-hdrLen)
 		}
@@ -254,7 +254,7 @@ func FuzzTypeHeaders(f *testing.F) {
 		pl := int(payloadLen) % 1400
 		fr := make([]byte, hdrLen+typeHdrLen[ft]+pl)
 		h := header{typ: ft, payloadLen: pl}
-		copy(putHeader(fr, make([]byte, 6), make([]byte, 6), xdp.DefaultEtherType, &h), b)
+		copy(putHeader(fr, &[6]byte{}, &[6]byte{}, xdp.DefaultEtherType, &h), b)
 		dh, err := decodeHeader(fr)
 		if err != nil || dh != h {
 			t.Fatalf("frame of type %v: %+v, %v", ft, dh, err)
@@ -903,7 +903,7 @@ func (fp *fuzzPair) forge(to, from *Endpoint, r *fuzzReader) []byte {
 	if c&0x80 != 0 {
 		ethType = 0x0800
 	}
-	putHeader(buf, to.addr.MAC[:], from.addr.MAC[:], ethType, &h)
+	putHeader(buf, &to.addr.MAC, &from.addr.MAC, ethType, &h)
 	copy(buf[hdrLen:], th)
 	copy(buf[hdrLen+thl:], payload)
 	return buf
@@ -1384,7 +1384,7 @@ func hostQuery(name string) []byte {
 	f := make([]byte, frameLen(tHostQuery, len(name)))
 	h := header{typ: tHostQuery, srcEP: 2, dstEP: 0xff, payloadLen: len(name)}
 	src := []byte{2, 0, 0, 0, 0, 2}
-	copy(putHeader(f, []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, src, xdp.DefaultEtherType, &h), name)
+	copy(putHeader(f, &[6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, (*[6]byte)(src), xdp.DefaultEtherType, &h), name)
 	return f
 }
 

@@ -304,7 +304,7 @@ func (p *peer) sendReliable(s *txSlot, t frameType, flags uint16, payload int, r
 	e := p.ep
 	var h header
 	p.setHeader(&h, t, p.nextSeq, flags, payload)
-	putHeader(s.buf, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
+	putHeader(s.buf, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
 	n := frameLen(t, payload)
 	s.n = int32(n)
 	s.seq = p.nextSeq
@@ -357,7 +357,7 @@ func (p *peer) sendCtl(t frameType, flags uint16, th func(b []byte) int) {
 	}
 	var h header
 	p.setHeader(&h, t, 0, flags, n)
-	putHeader(b, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
+	putHeader(b, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
 	l := frameLen(t, n)
 	p.ackSent()
 	e.eng.queue(b[:l], nil)

@@ -287,7 +287,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			if first {
 				var b *pullHdr
 				b, hdr = g.queuePullHdr()
-				ph.put(putHeader(b[:], p.addr.MAC[:], g.mac[:], g.ethType, &rh))
+				ph.put(putHeader(b[:], &p.addr.MAC, &g.mac, g.ethType, &rh))
 				first = false
 			}
 			g.queuePullReply(src, uint32(off), n, hdr)
@@ -304,7 +304,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 				break
 			}
 			b := g.scratchBuf()
-			th := putHeader(b, p.addr.MAC[:], g.mac[:], g.ethType, &rh)
+			th := putHeader(b, &p.addr.MAC, &g.mac, g.ethType, &rh)
 			ph.put(th)
 			copy(th[pullReplyHdrLen:pullReplyHdrLen+n], mem)
 			reg.Unhold()

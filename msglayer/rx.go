@@ -75,7 +75,7 @@ func (e *Endpoint) nackSession(src Addr, h *header) {
 	g := e.eng
 	b := g.scratchBuf()
 	out := header{typ: tNack, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
-	th := putHeader(b, src.MAC[:], g.mac[:], g.ethType, &out)
+	th := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putU32U8(th, h.seq, nackBadSession)
 	g.queue(b[:frameLen(tNack, 0)], nil)
 }
@@ -125,7 +125,7 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	g := e.eng
 	b := g.scratchBuf()
 	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
-	rt := putHeader(b, src.MAC[:], g.mac[:], g.ethType, &out)
+	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
 	g.queue(b[:frameLen(tConnectReply, 0)], nil)
 }
@@ -610,7 +610,7 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 			rh := rndvHdr{match: r.match, msgLen: uint32(r.length), rndvID: r.rndvID}
 			rh.put(s.buf[hdrLen:])
 		}
-		putHeader(s.buf, p.addr.MAC[:], e.eng.mac[:], e.eng.ethType, &h)
+		putHeader(s.buf, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
 		s.n = int32(frameLen(h.typ, 0))
 		s.last = seq == first
 	}

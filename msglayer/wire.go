@@ -165,12 +165,13 @@ func (h *header) decode(f []byte) error {
 }
 
 // putHeader writes the Ethernet and common headers into f and returns the
-// type header slice.
-func putHeader(f []byte, dst, src []byte, etherType uint16, h *header) []byte {
-	copy(f[0:6], dst)
-	copy(f[6:12], src)
+// type header slice. The addresses are arrays, so that they are stored
+// by two moves each rather than by calls to memmove.
+func putHeader(f []byte, dst, src *[6]byte, etherType uint16, h *header) []byte {
+	*(*[6]byte)(f[0:6]) = *dst
+	*(*[6]byte)(f[6:12]) = *src
 	binary.BigEndian.PutUint16(f[12:14], etherType)
-	b := f[xdp.EthHeaderLen:]
+	b := f[xdp.EthHeaderLen:hdrLen]
 	b[0] = wireVersion
 	b[1] = byte(h.typ)
 	b[2] = h.dstEP
