@@ -1028,13 +1028,9 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			// time a send returns (the other end ran while the sendto
 			// woke it): handling it now skips the timers' clock reading
 			// and the receive's set-up for a sleep.
-			if got, err := g.peek(); got || err != nil {
-				if err != nil {
-					if g.closed.Load() {
-						return ErrClosed
-					}
-					return err
-				}
+			if got, err := g.peek(); err != nil {
+				return g.driveErr(err)
+			} else if got {
 				continue
 			}
 			if stopHook == nil && ctx.Done() != nil && g.waker != nil {
@@ -1056,12 +1052,18 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			}
 		}
 		if err := g.driveOnce(timeout, sleptFrom); err != nil {
-			if g.closed.Load() {
-				return ErrClosed
-			}
-			return err
+			return g.driveErr(err)
 		}
 	}
+}
+
+// driveErr is the error a wait returns for a failed receive: ErrClosed if
+// the engine was closed meanwhile, else the link's.
+func (g *engine) driveErr(err error) error {
+	if g.closed.Load() {
+		return ErrClosed
+	}
+	return err
 }
 
 // pullBudget is the most frames all pulls of an engine may have asked

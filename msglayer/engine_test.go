@@ -161,16 +161,23 @@ func TestPeekBeforeSleep(t *testing.T) {
 	g.wantDrive.Add(-1)
 	defer g.drive.release()
 
+	// exchange posts a receive at c and sends it 8 bytes from a: the
+	// frame is on c's link when it returns.
 	in := make([]byte, 8)
-	r, err := c.Irecv(0, 0, [][]byte{in}, nil)
-	if err != nil {
-		t.Fatal(err)
+	exchange := func() Request {
+		t.Helper()
+		r, err := c.Irecv(0, 0, [][]byte{in}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := a.Isend(c.Addr(), 0, [][]byte{[]byte("8 bytes!")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { a.Forget(s) })
+		return r
 	}
-	s, err := a.Isend(c.Addr(), 0, [][]byte{[]byte("8 bytes!")}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Forget(s)
+	r := exchange()
 	bounded := wc.bounded.Load()
 	if err := g.driveUntil(ctx, r.r.doneFlag.Load); err != nil {
 		t.Fatal(err)
@@ -193,15 +200,7 @@ func TestPeekBeforeSleep(t *testing.T) {
 	}
 
 	// Without the prober, no look even with a frame there.
-	r, err = c.Irecv(0, 0, [][]byte{in}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2, err := a.Isend(c.Addr(), 0, [][]byte{[]byte("8 bytes!")}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Forget(s2)
+	exchange()
 	g.prober = nil
 	polls = wc.polls.Load()
 	if got, err := g.peek(); got || err != nil || wc.polls.Load() != polls {

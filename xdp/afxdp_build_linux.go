@@ -197,7 +197,7 @@ func (l *AFXDPLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, e
 	if v == nil {
 		return 0, &OpError{Op: "recv", Interface: l.ifname, Err: errNilVisitor}
 	}
-	if max <= 0 || (timeout == 0 && l.rxIdle()) {
+	if max <= 0 || (timeout == 0 && l.RxIdle()) {
 		return 0, nil
 	}
 	l.rxMu.Lock()

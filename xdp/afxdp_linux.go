@@ -142,7 +142,7 @@ const (
 // (txMu, rxMu), and look at closed under it: Close sets closed, wakes the
 // callers asleep in poll, and takes both locks before it releases the
 // rings and the socket. A poll with nothing to do takes no lock at all
-// (rxIdle).
+// (RxIdle).
 //
 // LOCK ORDERING: closeMu > rxMu, closeMu > txMu.
 type AFXDPLink struct {
@@ -176,7 +176,7 @@ type AFXDPLink struct {
 	closeMu sync.RWMutex
 
 	// idle points at the RX ring's producer and consumer indices and the
-	// fill ring's flags, for rxIdle, which looks without a lock. Set at
+	// fill ring's flags, for RxIdle, which looks without a lock. Set at
 	// open, never changed: Close retires the two rings (ring.retire)
 	// rather than unmapping them, and a cleanup unmaps the placeholders
 	// once the link is unreachable.
@@ -534,7 +534,7 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 	if l.closed.Load() {
 		return 0, l.closedErr("recv")
 	}
-	if timeout == 0 && l.rxIdle() {
+	if timeout == 0 && l.RxIdle() {
 		return 0, nil
 	}
 	l.rxMu.Lock()
@@ -545,22 +545,19 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 	return n, err
 }
 
-// rxIdle reports, without a lock, that a poll would find nothing to do:
-// the RX ring is empty (its producer index is where we last consumed to)
-// and the kernel asks for no wake-up on the fill ring. A busy-polling
-// caller then takes no lock. After Close it reads the retired rings'
+// RxIdle implements IdleProber. It reports, without a lock, that a poll
+// would find nothing to do: the RX ring is empty (its producer index is
+// where we last consumed to) and the kernel asks for no wake-up on the
+// fill ring. A busy-polling caller then takes no lock. After Close it reads the retired rings'
 // zeros (idle), and the caller finds the link closed at its next call.
-func (l *AFXDPLink) rxIdle() bool {
+func (l *AFXDPLink) RxIdle() bool {
 	idle := atomic.LoadUint32(l.idle.rxProd) == atomic.LoadUint32(l.idle.rxCons) &&
-		atomic.LoadUint32(l.idle.fillFlags)&unix.XDP_RING_NEED_WAKEUP == 0
+		!needWakeup(l.idle.fillFlags)
 	// The placeholders stay mapped while l is reachable: keep it so
 	// until the loads are done.
 	runtime.KeepAlive(l)
 	return idle
 }
-
-// RxIdle implements IdleProber.
-func (l *AFXDPLink) RxIdle() bool { return l.rxIdle() }
 
 // pointIdle points l.idle at the mapped RX and fill rings.
 //
@@ -1051,7 +1048,7 @@ func (l *AFXDPLink) Close() error {
 	note("detach steering program", releaseSteering(l.steerKey, l.steer))
 	// The rings are mappings of the socket: unmap them before closing it,
 	// and unmap the UMEM only once the kernel has let go of it. The RX and
-	// fill rings, which rxIdle reads without a lock, are retired instead.
+	// fill rings, which RxIdle reads without a lock, are retired instead.
 	l.rxMu.Lock()
 	var err error
 	retired[0], err = l.rx.retire()

@@ -17,7 +17,7 @@ import (
 //
 // A ring value is owned by exactly one goroutine at a time: the fill and RX
 // rings by the receive side (AFXDPLink.rxMu), the TX and completion rings by
-// the send side (AFXDPLink.txMu). The one exception is AFXDPLink.rxIdle,
+// the send side (AFXDPLink.txMu). The one exception is AFXDPLink.RxIdle,
 // which loads the RX ring's indices and the fill ring's flags without the
 // lock (see retire).
 
@@ -65,7 +65,7 @@ func (r *ring) unmap() error {
 // retire replaces the ring's mapping with a private anonymous one of the
 // same size and forgets it, as unmap does: the kernel's pages are released
 // as by munmap, and a reader still looking at the ring's indices without
-// its owner's lock (AFXDPLink.rxIdle) reads zeros, an empty ring that asks
+// its owner's lock (AFXDPLink.RxIdle) reads zeros, an empty ring that asks
 // for no wake-up, instead of faulting. It returns the placeholder, which
 // the caller unmaps (unix.Munmap) once no such reader can look. If the
 // placeholder cannot be put in place (the kernel is out of memory for the
@@ -86,8 +86,11 @@ func (r *ring) retire() ([]byte, error) {
 }
 
 // needWakeup reports whether the kernel asked to be woken (XDP_USE_NEED_WAKEUP).
-func (r *ring) needWakeup() bool {
-	return atomic.LoadUint32(r.flags)&unix.XDP_RING_NEED_WAKEUP != 0
+func (r *ring) needWakeup() bool { return needWakeup(r.flags) }
+
+// needWakeup reports whether a ring's flags ask for a wake-up.
+func needWakeup(flags *uint32) bool {
+	return atomic.LoadUint32(flags)&unix.XDP_RING_NEED_WAKEUP != 0
 }
 
 // Producer side.
