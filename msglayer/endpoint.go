@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"time"
@@ -241,6 +242,7 @@ type Counters struct {
 	Duplicates              uint64 // reliable frames received twice
 	OutOfOrder              uint64 // frames held until the ones before them arrived
 	AcksOut, AcksIn         uint64 // explicit acks
+	AcksBundled             uint64 // of AcksOut, those that rode in another peer's ack frame (tAcks)
 	Unexpected              uint64 // messages that matched no posted receive
 	UnexpectedBytes         uint64 // eager bytes held for them
 	UnexpectedBytesNow      int    // held now
@@ -434,8 +436,9 @@ func (e *Endpoint) Close() error {
 	e.closed = true
 	// Acks owed are sent now: a peer whose last message we took (a
 	// goodbye, say) learns it arrived instead of retransmitting into a
-	// closed endpoint until its send gives up.
-	e.flushAcks()
+	// closed endpoint until its send gives up. Lazy ones too: as if
+	// their time had come.
+	e.flushAcks(math.MaxInt64)
 	for _, p := range e.peers {
 		p.failAll(Closed)
 	}
@@ -632,18 +635,30 @@ func (e *Endpoint) runTimers(now int64) {
 	e.nextTimer = next
 }
 
-// flushAcks sends the delayed acks now.
+// flushAcks sends the delayed acks now, but for lazy ones (peer.ackLazy)
+// not due yet: they stay in acksDue, and it returns the earliest of their
+// due times (0: none), past which the driver must not sleep.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) flushAcks() {
+func (e *Endpoint) flushAcks(now int64) (lazyAt int64) {
+	kept := 0
 	for _, p := range e.acksDue {
+		if p.ackDue != 0 && p.ackLazy && p.ackDue > now {
+			e.acksDue[kept] = p
+			kept++
+			if lazyAt == 0 || p.ackDue < lazyAt {
+				lazyAt = p.ackDue
+			}
+			continue
+		}
 		if p.ackDue != 0 {
-			p.sendAck()
+			p.sendAck() // may take lazy acks along: their ackDue becomes 0
 		}
 		p.inAcksDue = false
 	}
-	clear(e.acksDue)
-	e.acksDue = e.acksDue[:0]
+	clear(e.acksDue[kept:])
+	e.acksDue = e.acksDue[:kept]
+	return lazyAt
 }
 
 // peerAt returns the peer record of a, or nil. Most frames come from, and

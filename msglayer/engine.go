@@ -735,14 +735,22 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 	g.acksLeft = false
 	now := g.readClock()
 	g.runTimers(now)
+	var lazyAt int64
 	if g.acksDue {
 		g.acksDue = false
 		for _, e := range g.epList {
-			e.flushAcks()
+			if t := e.flushAcks(now); t != 0 && (lazyAt == 0 || t < lazyAt) {
+				lazyAt = t
+			}
 		}
+		g.acksDue = lazyAt != 0
 	}
 	d := g.sleepFor(now, maxSleep)
 	g.flushAndUnlock()
+	if lazyAt != 0 {
+		// A lazy ack waits for its time, not for the next 5 ms tick.
+		return d, now
+	}
 	return max(d, minKernelSleep), now
 }
 
@@ -786,8 +794,12 @@ func (g *engine) dispatch(f []byte, now int64) {
 		g.badFrames++
 		return
 	}
-	if h.typ == tHostQuery || h.typ == tHostReply {
+	switch h.typ {
+	case tHostQuery, tHostReply:
 		g.onHost(f, &h)
+		return
+	case tAcks:
+		g.onAcks(f, &h, now)
 		return
 	}
 	e := g.eps[h.dstEP]
@@ -799,6 +811,39 @@ func (g *engine) dispatch(f []byte, now int64) {
 		return
 	}
 	e.handle(f, &h, now)
+}
+
+// onAcks hands each ack of a bundle to its endpoint as a tAck frame of
+// its own: the one its common header carries, then its entries. A bundle
+// whose payload is not a whole number of entries is dropped whole.
+//
+// +checklocks:g.mu
+func (g *engine) onAcks(f []byte, h *header, now int64) {
+	_, entries := typeHdr(f, h)
+	if len(entries)%ackEntryLen != 0 || len(entries) > maxAckEntries*ackEntryLen {
+		g.badFrames++
+		return
+	}
+	one := *h
+	one.typ, one.payloadLen = tAck, 0
+	g.ackTo(f, &one, now)
+	var a ackEntry
+	for ; len(entries) > 0; entries = entries[ackEntryLen:] {
+		a.decode(entries)
+		one.dstEP, one.dstSession, one.ack = a.dstEP, a.dstSession, a.ack
+		g.ackTo(f, &one, now)
+	}
+}
+
+// ackTo hands one ack of a bundle (h, of type tAck) to its endpoint.
+//
+// +checklocks:g.mu
+func (g *engine) ackTo(f []byte, h *header, now int64) {
+	if e := g.eps[h.dstEP]; e != nil {
+		e.handle(f, h, now)
+	} else {
+		g.badFrames++
+	}
 }
 
 // nackNoEndpoint tells a sender that no endpoint has its destination id.

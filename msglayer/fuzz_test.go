@@ -208,6 +208,16 @@ func FuzzTypeHeaders(f *testing.F) {
 			t.Fatalf("pull reply round trip: %+v -> % x -> %+v", q, out[:pullReplyHdrLen], q2)
 		}
 
+		var a, a2 ackEntry
+		a.decode(b[:ackEntryLen])
+		clear(out)
+		a.put(out)
+		a2.decode(out[:ackEntryLen])
+		if a.dstEP != b[0] || a.dstSession != be.Uint32(b[1:]) || a.ack != be.Uint32(b[5:]) ||
+			!bytes.Equal(out[:ackEntryLen], b[:ackEntryLen]) || a2 != a {
+			t.Fatalf("ack entry round trip: %+v -> % x -> %+v", a, out[:ackEntryLen], a2)
+		}
+
 		v, c := getU32U8(b[:8])
 		clear(out)
 		putU32U8(out, v, c)
@@ -289,6 +299,11 @@ func FuzzTypeHeaders(f *testing.F) {
 			getConnect(th)
 		case tConnectReply:
 			getConnReply(th)
+		case tAcks:
+			var a ackEntry
+			for e := payload; len(e) >= ackEntryLen; e = e[ackEntryLen:] {
+				a.decode(e)
+			}
 		}
 	})
 }
@@ -605,40 +620,73 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 	h, err := decodeHeader(f)
 	bad := len(f) < xdp.EthHeaderLen || binary.BigEndian.Uint16(f[12:14]) != g.ethType || err != nil
 	host := !bad && (h.typ == tHostQuery || h.typ == tHostReply)
-	noEP := !bad && !host && g.eps[h.dstEP] == nil
-	bad = bad || noEP
-	var stale, badEager bool
-	if !bad && !host && g.eps[h.dstEP] == to && !to.closed {
-		var src Addr
-		copy(src.MAC[:], f[6:12])
-		src.EP = h.srcEP
-		sessionNack := false
-		if h.typ == tNack {
-			th, _ := typeHdr(f, &h)
-			_, reason := getU32U8(th)
-			sessionNack = reason == nackBadSession || reason == nackBadEndpoint
-		}
-		if h.typ != tConnect && h.typ != tConnectReply && !sessionNack {
-			p := to.peers[src]
-			stale = p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != to.session
-			if !stale && h.typ == tEager && h.seq == p.expected {
-				th, payload := typeHdr(f, &h)
-				var eh eagerHdr
-				badEager = eh.decode(th, len(payload)) != nil
+	// The frames dispatch hands to endpoints: f, or each ack of a bundle
+	// as a tAck of its own.
+	hs := []header{h}
+	if !bad && h.typ == tAcks {
+		_, ents := typeHdr(f, &h)
+		if len(ents)%ackEntryLen != 0 || len(ents) > maxAckEntries*ackEntryLen {
+			bad, hs = true, nil
+		} else {
+			one := h
+			one.typ, one.payloadLen = tAck, 0
+			hs = []header{one}
+			for ; len(ents) > 0; ents = ents[ackEntryLen:] {
+				var a ackEntry
+				a.decode(ents)
+				one.dstEP, one.dstSession, one.ack = a.dstEP, a.dstSession, a.ack
+				hs = append(hs, one)
 			}
 		}
 	}
-	// May the frame legitimately break the session between A and B? An
-	// unauthenticated protocol takes a forged frame for its peer's; a
-	// frame may act on connections; a frame answered with a nack to the
-	// real peer makes it reset.
-	switch {
-	case noEP || (stale && (h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive)):
-		if claimsToBe(f, &h, from) {
-			fp.legit(fmt.Sprintf("forged %v frame answered with a nack", h.typ))
+	var wantBad, wantStale uint64
+	var badEager bool
+	if bad {
+		wantBad = 1
+	}
+	for _, h := range hs {
+		if bad || host {
+			break
 		}
-	case !bad && !host && !stale:
-		fp.legit(fmt.Sprintf("accepted forged %v frame", h.typ))
+		noEP := g.eps[h.dstEP] == nil
+		stale := false
+		if noEP {
+			wantBad++
+		} else if g.eps[h.dstEP] == to && !to.closed {
+			var src Addr
+			copy(src.MAC[:], f[6:12])
+			src.EP = h.srcEP
+			sessionNack := false
+			if h.typ == tNack {
+				th, _ := typeHdr(f, &h)
+				_, reason := getU32U8(th)
+				sessionNack = reason == nackBadSession || reason == nackBadEndpoint
+			}
+			if h.typ != tConnect && h.typ != tConnectReply && !sessionNack {
+				p := to.peers[src]
+				stale = p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != to.session
+				if !stale && h.typ == tEager && h.seq == p.expected {
+					th, payload := typeHdr(f, &h)
+					var eh eagerHdr
+					badEager = eh.decode(th, len(payload)) != nil
+				}
+			}
+			if stale {
+				wantStale++
+			}
+		}
+		// May the frame legitimately break the session between A and B?
+		// An unauthenticated protocol takes a forged frame for its peer's;
+		// a frame may act on connections; a frame answered with a nack to
+		// the real peer makes it reset.
+		switch {
+		case noEP || (stale && (h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive)):
+			if claimsToBe(f, &h, from) {
+				fp.legit(fmt.Sprintf("forged %v frame answered with a nack", h.typ))
+			}
+		case !stale:
+			fp.legit(fmt.Sprintf("accepted forged %v frame", h.typ))
+		}
 	}
 	badBefore, st := g.badFrames, to.stats
 	func() {
@@ -653,11 +701,11 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 	}()
 	dBad, dStale, dEager := g.badFrames-badBefore, to.stats.StaleFrames-st.StaleFrames, to.stats.BadFrames-st.BadFrames
 	g.mu.Unlock()
-	if dBad != b2u(bad) {
-		t.Fatalf("frame % x: engine bad-frame count went up by %d, want %d", f, dBad, b2u(bad))
+	if dBad != wantBad {
+		t.Fatalf("frame % x: engine bad-frame count went up by %d, want %d", f, dBad, wantBad)
 	}
-	if dStale != b2u(stale) {
-		t.Fatalf("frame % x: stale-frame count went up by %d, want %d", f, dStale, b2u(stale))
+	if dStale != wantStale {
+		t.Fatalf("frame % x: stale-frame count went up by %d, want %d", f, dStale, wantStale)
 	}
 	if badEager && dEager == 0 { // (more: frames held out of order behind it may be bad too)
 		t.Fatalf("frame % x: inconsistent eager header, bad-frame count went up by %d", f, dEager)

@@ -652,3 +652,64 @@ func TestCloseSendsOwedAcks(t *testing.T) {
 		t.Fatal("Close sent no ack")
 	}
 }
+
+// TestAckBundles: a server that cannot take the rendezvous records of
+// several endpoints of one client host yet (no receive posted) acks them
+// lazily and in one frame, and every message still arrives intact.
+func TestAckBundles(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	// The server's acks wait 100 ms, long enough for all three records
+	// to arrive however slow the machine; the clients' timeouts are
+	// longer still, so that no record is sent twice.
+	srv := w.open(t, 0, msglayer.Config{EndpointID: 1, Key: 0xa, AckDelay: 100 * time.Millisecond})
+	const clients, size = 3, 64 << 10
+	ctx := ctxFor(t, 10*time.Second)
+	cls := make([]*msglayer.Endpoint, clients)
+	for i := range cls {
+		cls[i] = w.open(t, 1, msglayer.Config{EndpointID: uint8(2 + i), Key: 0xb, InitialRTO: time.Second, MinRTO: time.Second})
+		if err := cls[i].Connect(ctx, srv.Addr(), 0xa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sends := make([]msglayer.Request, clients)
+	for i, c := range cls {
+		var err error
+		if sends[i], err = c.Isend(srv.Addr(), uint64(i), [][]byte{message(i, size)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Wait until the server sent the acks.
+	deadline := time.Now().Add(2 * time.Second)
+	for srv.Counters().AcksOut < clients && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	c := srv.Counters()
+	if c.AcksOut != clients || c.AcksBundled != clients-1 {
+		t.Fatalf("server acked %d records, %d of them bundled; want %d, %d", c.AcksOut, c.AcksBundled, clients, clients-1)
+	}
+	for i := range cls {
+		buf := make([]byte, size)
+		r, err := srv.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.Wait(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, message(i, size)) {
+			t.Fatalf("message from client %d corrupted", i)
+		}
+	}
+	var acksIn, retrans uint64
+	for i, cl := range cls {
+		if _, err := cl.Wait(ctx, sends[i]); err != nil {
+			t.Fatal(err)
+		}
+		cc := cl.Counters()
+		acksIn += cc.AcksIn
+		retrans += cc.Retransmits
+	}
+	if acksIn < clients || retrans != 0 {
+		t.Fatalf("clients got %d acks and retransmitted %d frames; want %d or more, 0", acksIn, retrans, clients)
+	}
+}

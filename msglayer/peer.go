@@ -50,8 +50,12 @@ type peer struct {
 	oooCount   int
 	ackPending int   // in-order frames not yet acknowledged
 	ackDue     int64 // when a delayed ack must go (0: none)
-	inAcksDue  bool  // in ep.acksDue
-	refused    bool  // an eager message at refusedSeq was refused: wait for its rendezvous version
+	// ackLazy: the delayed ack covers rendezvous records only, which
+	// complete no send: it may wait lazyAckDelay, also while the driver
+	// sleeps, and ride in the bundle of another peer's ack (sendAck).
+	ackLazy    bool
+	inAcksDue  bool // in ep.acksDue
+	refused    bool // an eager message at refusedSeq was refused: wait for its rendezvous version
 	refusedSeq uint32
 	in         inMsg // the eager message being reassembled
 	pulls      int   // active pulls from this peer
@@ -126,7 +130,7 @@ func (p *peer) reset(code Code) {
 	}
 	p.nextSeq, p.acked, p.expected = 0, 0, 0
 	p.ackQueued = false
-	p.oooCount, p.ackPending, p.ackDue = 0, 0, 0
+	p.oooCount, p.ackPending, p.ackDue, p.ackLazy = 0, 0, 0, false
 	p.refused = false
 	p.in = inMsg{}
 	p.srtt, p.rttvar, p.rto = 0, 0, int64(e.cfg.InitialRTO)
@@ -342,7 +346,22 @@ func (s *txSlot) stamped(now int64) {
 func (p *peer) ackSent() {
 	p.ackPending = 0
 	p.ackDue = 0
+	p.ackLazy = false
 }
+
+// lazyAckDelay is how long an ack of rendezvous records alone may wait:
+// a quarter of the retransmission timeout, so that it arrives well before
+// the sender's own timeout, and at most maxLazyAck; never less than
+// AckDelay.
+func (p *peer) lazyAckDelay() int64 {
+	return max(min(p.rto/4, int64(maxLazyAck)), int64(p.ep.cfg.AckDelay))
+}
+
+// maxLazyAck bounds lazyAckDelay. A server that many clients keep busy
+// owes acks of records it cannot pull from yet to many endpoints of each
+// client host; within a millisecond it owes several per host, and one
+// bundle (tAcks) wakes the host once for all of them.
+const maxLazyAck = time.Millisecond
 
 // sendCtl queues an unreliable frame to the peer: th writes the type
 // header and payload into b (after hdrLen) and returns the payload length.
@@ -366,11 +385,18 @@ func (p *peer) sendCtl(t frameType, flags uint16, th func(b []byte) int) {
 }
 
 // sendAck sends an explicit ack with the selective-ack bitmap of the
-// frames held out of order (bit i: frame ack+1+i arrived).
+// frames held out of order (bit i: frame ack+1+i arrived). The delayed
+// acks the endpoint owes to other endpoints of the peer's host go in the
+// same frame, then a bundle (tAcks), when there is no bitmap to send.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) sendAck() {
-	p.ep.stats.AcksOut++
+	e := p.ep
+	e.stats.AcksOut++
+	if p.oooCount == 0 && len(e.acksDue) > 1 && p.bundles() {
+		p.sendCtl(tAcks, 0, p.bundleAcks)
+		return
+	}
 	p.sendCtl(tAck, 0, func(b []byte) int {
 		if p.oooCount == 0 {
 			return 0
@@ -389,6 +415,53 @@ func (p *peer) sendAck() {
 		}
 		return n
 	})
+}
+
+// bundles reports whether another peer's delayed ack can ride with p's
+// (bundleAcks).
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) bundles() bool {
+	for _, q := range p.ep.acksDue {
+		if p.rides(q) {
+			return true
+		}
+	}
+	return false
+}
+
+// rides reports whether q's delayed ack can ride in p's ack bundle: q is
+// another remote peer on p's host, and owes a plain cumulative ack.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) rides(q *peer) bool {
+	return q != p && q.ackDue != 0 && q.oooCount == 0 && q.connected && q.local == nil && q.addr.MAC == p.addr.MAC
+}
+
+// bundleAcks writes the entries of p's ack bundle into b: the delayed
+// acks of other peers on p's host (rides), as many as the frame holds,
+// which count as sent. It returns their length.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) bundleAcks(b []byte) int {
+	e := p.ep
+	room := min(maxAckEntries, (p.mtu-commonLen)/ackEntryLen)
+	n := 0
+	for _, q := range e.acksDue {
+		if n >= room {
+			break
+		}
+		if !p.rides(q) {
+			continue
+		}
+		a := ackEntry{dstEP: q.addr.EP, dstSession: q.remoteSession, ack: q.expected}
+		a.put(b[n*ackEntryLen:])
+		q.ackSent()
+		e.stats.AcksOut++
+		e.stats.AcksBundled++
+		n++
+	}
+	return n * ackEntryLen
 }
 
 // onAck processes a cumulative ack: frames below ack are delivered.

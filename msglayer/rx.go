@@ -199,6 +199,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		return
 	}
 	p.expected++
+	records := h.typ == tRndv // every frame this ack covers is a rendezvous record
 	for p.oooCount > 0 {
 		s := &p.ooo[p.expected%w]
 		if !s.full {
@@ -224,12 +225,28 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 			break
 		}
 		p.expected++
+		records = records && fh.typ == tRndv
 	}
 	p.ackPending++
-	if p.ackPending >= e.cfg.AckEvery {
+	// An ack of rendezvous records alone completes no send (the notify
+	// does): it waits longer, for a pull request to carry it or for the
+	// acks owed to other endpoints of the host to go with it. A server
+	// that cannot serve a record yet (no receive posted, pull budget
+	// spent) would otherwise send an ack frame, and wake a client host,
+	// for each.
+	lazy := records && (p.ackDue == 0 || p.ackLazy)
+	switch {
+	case p.ackPending >= e.cfg.AckEvery:
 		p.sendAck()
-	} else if p.ackDue == 0 {
-		p.ackDue = now + int64(e.cfg.AckDelay)
+	case p.ackDue == 0 || (p.ackLazy && !lazy):
+		due := now + int64(e.cfg.AckDelay)
+		if lazy {
+			due = now + p.lazyAckDelay()
+		}
+		if p.ackDue == 0 || due < p.ackDue {
+			p.ackDue = due
+		}
+		p.ackLazy = lazy
 		e.arm(&p.tm, p.ackDue)
 		if !p.inAcksDue {
 			p.inAcksDue = true

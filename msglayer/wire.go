@@ -52,7 +52,8 @@ const (
 	tDisconnect   frameType = 13 // the sender forgets the receiver
 	tKeepalive    frameType = 14 // asks for an explicit ack (peer liveness)
 	tPut          frameType = 15 // reliable: write into a registered region: the target pulls the data
-	maxFrameType  frameType = 15
+	tAcks         frameType = 16 // explicit cumulative acks to several endpoints of one host (ackEntry list)
+	maxFrameType  frameType = 16
 )
 
 // reliable reports whether frames of type t carry a sequence number.
@@ -62,7 +63,7 @@ func (t frameType) reliable() bool {
 
 func (t frameType) String() string {
 	names := [...]string{"", "eager", "rndv", "notify", "nop", "ack", "nack", "pullreq", "pullreply",
-		"connect", "connectreply", "hostquery", "hostreply", "disconnect", "keepalive", "put"}
+		"connect", "connectreply", "hostquery", "hostreply", "disconnect", "keepalive", "put", "acks"}
 	if int(t) < len(names) && t != 0 {
 		return names[t]
 	}
@@ -76,6 +77,9 @@ const (
 	notifyHdrLen     = 12 // rndvID u32, xferLen u32, code u8, pad[3]
 	ackHdrLen        = 0  // payload: selective-ack bitmap, bit i = frame ack+1+i arrived
 	sackBytes        = 64 // longest bitmap sent (512 frames)
+	acksHdrLen       = 0  // payload: ackEntry list, the acks after the one the common header carries
+	ackEntryLen      = 9  // dstEP u8, dstSession u32, ack u32
+	maxAckEntries    = 64 // most ackEntries one tAcks frame carries
 	nackHdrLen       = 8  // seq u32, reason u8, pad[3]
 	pullReqHdrLen    = 40 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32, key u64, base u64
 	putHdrLen        = 32 // region u32, putID u32, key u64, offset u64, length u32, pad u32
@@ -100,7 +104,7 @@ var typeHdrLen = [maxFrameType + 1]int{
 	tEager: eagerHdrLen, tRndv: rndvHdrLen, tNotify: notifyHdrLen, tNop: 0,
 	tAck: ackHdrLen, tNack: nackHdrLen, tPullReq: pullReqHdrLen, tPullReply: pullReplyHdrLen,
 	tConnect: connectHdrLen, tConnectReply: connReplyHdrLen, tHostQuery: hostHdrLen,
-	tHostReply: hostHdrLen, tDisconnect: 0, tKeepalive: 0, tPut: putHdrLen,
+	tHostReply: hostHdrLen, tDisconnect: 0, tKeepalive: 0, tPut: putHdrLen, tAcks: acksHdrLen,
 }
 
 // header is the decoded common header of a frame.
@@ -386,4 +390,29 @@ func putU32U32(b []byte, x, y uint32) {
 
 func getU32U32(b []byte) (uint32, uint32) {
 	return binary.BigEndian.Uint32(b[0:]), binary.BigEndian.Uint32(b[4:])
+}
+
+// An ack bundle (tAcks) carries, after the ack of its common header, the
+// cumulative acks of other endpoints of the destination host that the
+// sending endpoint owes one: one frame, and one wake-up of that host's
+// driver, for all of them.
+
+// ackEntry is one ack of a bundle: to endpoint dstEP, whose session the
+// sender knows as dstSession, every frame below ack arrived.
+type ackEntry struct {
+	dstEP      uint8
+	dstSession uint32
+	ack        uint32
+}
+
+func (a *ackEntry) put(b []byte) {
+	b[0] = a.dstEP
+	binary.BigEndian.PutUint32(b[1:], a.dstSession)
+	binary.BigEndian.PutUint32(b[5:], a.ack)
+}
+
+func (a *ackEntry) decode(b []byte) {
+	a.dstEP = b[0]
+	a.dstSession = binary.BigEndian.Uint32(b[1:])
+	a.ack = binary.BigEndian.Uint32(b[5:])
 }
