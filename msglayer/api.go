@@ -587,23 +587,32 @@ func (e *Endpoint) Ibuffered(h Request) (bool, error) {
 
 // Group is a completion group: requests posted through it complete into
 // the group's own queue, which one goroutine waits on (the seeds'
-// "events spread over several queues, each owned by a thread").
+// "events spread over several queues, each owned by a thread"). A group
+// may span several endpoints of one link in a process (On): one
+// goroutine then waits for all of their completions, with no goroutine
+// per endpoint to wake.
 type Group struct {
-	e    *Endpoint
+	e *Endpoint // the endpoint Isend, Issend and Irecv post on
+	*groupQueue
+}
+
+// groupQueue is what the views of one group (On) share.
+type groupQueue struct {
+	eng  *engine
 	q    doneQueue    // guarded by the engine lock
 	n    atomic.Int64 // requests in q: a waiter peeks at it without the lock
 	wake chan struct{}
 }
 
 // push queues the completed request r. The caller holds the engine lock.
-func (gr *Group) push(r *request) {
+func (gr *groupQueue) push(r *request) {
 	gr.q.push(r)
 	gr.n.Add(1)
 }
 
 // remove takes r out of the queue, if it is in it. The caller holds the
 // engine lock.
-func (gr *Group) remove(r *request) {
+func (gr *groupQueue) remove(r *request) {
 	if r.inDoneQ {
 		gr.q.remove(r)
 		gr.n.Add(-1)
@@ -611,7 +620,20 @@ func (gr *Group) remove(r *request) {
 }
 
 // NewGroup makes a completion group on the endpoint.
-func (e *Endpoint) NewGroup() *Group { return &Group{e: e, wake: make(chan struct{}, 1)} }
+func (e *Endpoint) NewGroup() *Group {
+	return &Group{e: e, groupQueue: &groupQueue{eng: e.eng, wake: make(chan struct{}, 1)}}
+}
+
+// On returns a view of the group through which requests of endpoint e
+// complete into the group's queue: Test and Wait on any view take the
+// completions of every endpoint the group was used on. e must be on the
+// same link of this process as the group's endpoint.
+func (gr *Group) On(e *Endpoint) (*Group, error) {
+	if e.eng != gr.eng {
+		return nil, &ArgError{Arg: fmt.Sprintf("endpoint %v for a group of %v", e.Addr(), gr.e.Addr()), Err: ErrOtherLink}
+	}
+	return &Group{e: e, groupQueue: gr.groupQueue}, nil
+}
 
 // Isend is Endpoint.Isend with completion into the group.
 func (gr *Group) Isend(dst Addr, match uint64, segs [][]byte, ctx any) (Request, error) {
@@ -628,23 +650,24 @@ func (gr *Group) Irecv(info, mask uint64, segs [][]byte, ctx any) (Request, erro
 	return gr.e.irecv(info, mask, segs, ctx, gr)
 }
 
-// Test completes the oldest finished request of the group.
+// Test completes the oldest finished request of the group (of any of
+// the endpoints it spans).
 func (gr *Group) Test() (Status, bool) {
-	g := gr.e.eng
+	g := gr.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if gr.q.head == nil {
 		g.settleAcks()
 	}
 	if r := gr.q.head; r != nil {
-		return gr.e.collect(r), true
+		return r.ep.collect(r), true
 	}
 	return Status{}, false
 }
 
 // Wait waits for a request of the group to complete and completes it.
 func (gr *Group) Wait(ctx context.Context) (Status, error) {
-	g := gr.e.eng
+	g := gr.eng
 	for {
 		if st, ok := gr.Test(); ok {
 			return st, st.Err()

@@ -171,6 +171,7 @@ func runSemantic(t *testing.T, w world) {
 	t.Run("UnexpectedBound", func(t *testing.T) { testUnexpectedBound(t, w) })
 	t.Run("ConvertedStream", func(t *testing.T) { testConvertedStream(t, w) })
 	t.Run("ConcurrentWaits", func(t *testing.T) { testConcurrentWaits(t, w) })
+	t.Run("GroupAcrossEndpoints", func(t *testing.T) { testGroupAcrossEndpoints(t, w) })
 	t.Run("WrongKey", func(t *testing.T) { testWrongKey(t, w) })
 	t.Run("PeerRestart", func(t *testing.T) { testPeerRestart(t, w) })
 	t.Run("SelfAndSameNIC", func(t *testing.T) { testSelf(t, w) })
@@ -547,6 +548,112 @@ func testConvertedStream(t *testing.T, w world) {
 	t.Logf("refused %d eager messages, sender converted %d", cb.EagerRefused, ca.EagerConverted)
 	if ca.EagerConverted == 0 {
 		t.Errorf("no eager send was converted (refused %d): the test did not exercise conversion", cb.EagerRefused)
+	}
+}
+
+// testGroupAcrossEndpoints has two endpoints on each host, each sending
+// to its counterpart, and one goroutine per host taking every completion
+// of both of its endpoints from one group (Group.On). Closing one
+// receiving endpoint completes its last receive into the group.
+func testGroupAcrossEndpoints(t *testing.T, w world) {
+	ctx := ctxFor(t, 60*time.Second)
+	var tx, rx [2]*msglayer.Endpoint
+	for i := range 2 {
+		tx[i] = w.open(t, 0, msglayer.Config{EndpointID: uint8(3 + i), Key: 0xa})
+		rx[i] = w.open(t, 1, msglayer.Config{EndpointID: uint8(5 + i), Key: 0xb})
+	}
+	for i := range 2 {
+		if err := tx[i].Connect(ctx, rx[i].Addr(), 0xb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sizes := []int{0, 8, 2000, 40000, 300000}
+	const per = 20
+	type posted struct{ ep, i int }
+	rgrp, sgrp := [2]*msglayer.Group{rx[0].NewGroup()}, [2]*msglayer.Group{tx[0].NewGroup()}
+	for i := 1; i < 2; i++ {
+		var err error
+		if rgrp[i], err = rgrp[0].On(rx[i]); err != nil {
+			t.Fatal(err)
+		}
+		if sgrp[i], err = sgrp[0].On(tx[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := rgrp[0].On(tx[0]); !errors.Is(err, msglayer.ErrOtherLink) {
+		t.Fatalf("On(an endpoint of the other host) = %v, want ErrOtherLink", err)
+	}
+	bufs := [2][per][]byte{}
+	for ep := range 2 {
+		for i := range per {
+			bufs[ep][i] = make([]byte, sizes[i%len(sizes)])
+			if _, err := rgrp[ep].Irecv(uint64(i), ^uint64(0), [][]byte{bufs[ep][i]}, posted{ep, i}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// One more receive on rx[1] that no message matches: Close completes it.
+	if _, err := rgrp[1].Irecv(1<<40, ^uint64(0), nil, posted{1, per}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range per {
+		for ep := range 2 {
+			m := message(ep*per+i, sizes[i%len(sizes)])
+			if _, err := sgrp[ep].Isend(rx[ep].Addr(), uint64(i), [][]byte{m}, posted{ep, i}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Each group is waited on by one goroutine; every completion of both
+	// endpoints comes out of it, once.
+	take := func(grp *msglayer.Group, n int, check func(posted, msglayer.Status) error) error {
+		var seen [2][per + 1]bool
+		for range n {
+			st, err := grp.Wait(ctx)
+			p, ok := st.Context.(posted)
+			if !ok {
+				return fmt.Errorf("wait: %v (context %v)", err, st.Context)
+			}
+			if seen[p.ep][p.i] {
+				return fmt.Errorf("endpoint %d request %d completed twice", p.ep, p.i)
+			}
+			seen[p.ep][p.i] = true
+			if err := check(p, st); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	sent := make(chan error, 1)
+	go func() {
+		sent <- take(sgrp[0], 2*per, func(p posted, st msglayer.Status) error {
+			if st.Code != msglayer.Success || st.Source != rx[p.ep].Addr() {
+				return fmt.Errorf("send %d of endpoint %d: %v to %v", p.i, p.ep, st.Err(), st.Source)
+			}
+			return nil
+		})
+	}()
+	if err := take(rgrp[1], 2*per, func(p posted, st msglayer.Status) error {
+		if st.Code != msglayer.Success || st.Source != tx[p.ep].Addr() {
+			return fmt.Errorf("receive %d of endpoint %d: %v from %v", p.i, p.ep, st.Err(), st.Source)
+		}
+		if !bytes.Equal(bufs[p.ep][p.i], message(p.ep*per+p.i, sizes[p.i%len(sizes)])) {
+			return fmt.Errorf("endpoint %d message %d corrupted", p.ep, p.i)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if st, ok := rgrp[0].Test(); ok {
+		t.Fatalf("group has a completion left: %+v", st)
+	}
+	rx[1].Close()
+	st, err := rgrp[0].Wait(ctx)
+	if p, _ := st.Context.(posted); p != (posted{1, per}) || !errors.Is(err, msglayer.ErrClosed) {
+		t.Fatalf("after Close of endpoint 1: context %v, %v; want its last receive, closed", st.Context, err)
 	}
 }
 

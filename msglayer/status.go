@@ -83,6 +83,7 @@ var (
 	ErrNotConnected = errors.New("msglayer: peer not connected")
 	ErrStaleRequest = errors.New("msglayer: request already completed and released")
 	ErrNotCancelled = errors.New("msglayer: only unmatched receives and pending connects can be cancelled")
+	ErrOtherLink    = errors.New("msglayer: endpoint not on the group's link") // Group.On
 )
 
 // Status describes a completed request (MX's mx_status_t).

@@ -10,7 +10,8 @@ package main
 // leaves only its record, and the server pulls the data once a receive
 // matches. Other processes (-role clients)
 // each open K endpoints on one interface and keep a small window of sends
-// in flight from every endpoint for a fixed time. Both print one JSON
+// in flight from every endpoint for a fixed time, from one goroutine
+// waiting on a completion group that spans the endpoints. Both print one JSON
 // report on stdout; scripts/manyclients runs the sweep and combines them.
 
 import (
@@ -80,8 +81,11 @@ type mcConfig struct {
 	// perClient gives each client endpoint a send buffer of its own
 	// rather than one for the process.
 	perClient bool
-	unexp     int // server's UnexpectedBytes (0: msglayer's default)
-	sample    time.Duration
+	// goPerClient drives each client endpoint from a goroutine of its
+	// own rather than all of the process's from one.
+	goPerClient bool
+	unexp       int // server's UnexpectedBytes (0: msglayer's default)
+	sample      time.Duration
 	// Protocol knobs for investigation (0: msglayer's defaults).
 	minRTO     time.Duration
 	pullBlocks int
@@ -122,7 +126,8 @@ The clients open -n endpoints in this process (ids -e .. -e+n-1, one
 shared link), connect each to PEER (a host name such as h1, or
 MAC[:endpoint]), wait until -start-at if given, keep -window sends of
 -size bytes in flight from each endpoint for -duration, wait up to -drain
-for the last ones, and print one JSON object: messages, bytes, completion
+for the last ones (one goroutine waits on one completion group spanning
+the endpoints; -goroutine-per-client gives each its own), and print one JSON object: messages, bytes, completion
 times (Isend to completion, µs), the sum of the endpoints' Counters and an
 estimate of the data they sent more than once.
 
@@ -148,6 +153,7 @@ estimate of the data they sent more than once.
 	fs.DurationVar(&c.minRTO, "min-rto", 0, "msglayer MinRTO, the floor of the retransmission and pull re-request timeouts (0: its default, 2ms)")
 	fs.BoolVar(&c.umem, "umem", false, "clients: send from buffers lent from the UMEM, one per endpoint")
 	fs.BoolVar(&c.perClient, "buffer-per-client", false, "clients: each endpoint sends from a buffer of its own (default: the process's endpoints share one, as clients on hosts of their own each have theirs in cache)")
+	fs.BoolVar(&c.goPerClient, "goroutine-per-client", false, "clients: drive each endpoint from a goroutine of its own, waiting on a group of its own (default: one goroutine waits on one group spanning the process's endpoints, as a client host would have one process)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
 	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 16)")
 	if err := fs.Parse(args); err != nil {
@@ -199,7 +205,7 @@ estimate of the data they sent more than once.
 		if c.sample <= 0 {
 			return nil, bad("-sample %v: must be positive", c.sample)
 		}
-		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold", "umem", "umem-gather", "buffer-per-client"} {
+		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold", "umem", "umem-gather", "buffer-per-client", "goroutine-per-client"} {
 			if set[f] {
 				return nil, bad("-%s is a clients flag (this is -role server)", f)
 			}
@@ -569,8 +575,11 @@ type mcClientsReport struct {
 	UMEM      bool   `json:"umem,omitempty"` // sent from buffers lent from the UMEM (-umem)
 	// SharedBuffer: the endpoints sent from one buffer (not -umem, not
 	// -buffer-per-client).
-	SharedBuffer bool    `json:"shared_buffer"`
-	DurationS    float64 `json:"duration_s"`
+	SharedBuffer bool `json:"shared_buffer"`
+	// Drivers is how many goroutines sent and waited: 1, or one per
+	// endpoint with -goroutine-per-client.
+	Drivers   int     `json:"drivers"`
+	DurationS float64 `json:"duration_s"`
 	// StartLateS is how late the sending started after -start-at (connects
 	// took longer), 0 without -start-at.
 	StartLateS float64 `json:"start_late_s"`
@@ -683,106 +692,185 @@ func mcClients(c *mcConfig) error {
 			fmt.Fprintf(os.Stderr, "xmx manyclients: connecting took until %.3f s after -start-at\n", rep.StartLateS)
 		}
 	}
-	start := time.Now()
-	deadline := start.Add(c.duration)
-	res := make([]mcClient, len(eps))
-	var wg sync.WaitGroup
+	senders := make([]*mcSender, len(eps))
 	for i, e := range eps {
-		wg.Go(func() { res[i] = mcRunClient(e, server, c, shared, deadline) })
+		s, err := c.newSender(e, server, shared)
+		if err != nil {
+			return fmt.Errorf("endpoint %v: %w", e.Addr(), err)
+		}
+		defer s.close()
+		senders[i] = s
 	}
-	wg.Wait()
+	deadline := time.Now().Add(c.duration)
+	if c.goPerClient {
+		var wg sync.WaitGroup
+		for _, s := range senders {
+			s.grp = s.e.NewGroup()
+			wg.Go(func() { c.mcDrive([]*mcSender{s}, s.grp, deadline) })
+		}
+		wg.Wait()
+		rep.Drivers = len(senders)
+	} else {
+		grp := eps[0].NewGroup()
+		for _, s := range senders {
+			if s.grp, err = grp.On(s.e); err != nil {
+				return err
+			}
+		}
+		c.mcDrive(senders, grp, deadline)
+		rep.Drivers = 1
+	}
+	res := make([]mcClient, len(senders))
+	for i, s := range senders {
+		res[i] = s.out
+	}
 	c.mcSummarize(&rep, res, eps)
 	return mcPrint(rep)
 }
 
-// mcRunClient keeps c.window sends in flight from e to server until the
-// deadline (or c.maxMsgs), then waits up to c.drain for the rest. It sends
-// from shared when given, else from a buffer of its own.
-func mcRunClient(e *msglayer.Endpoint, server msglayer.Addr, c *mcConfig, shared []byte, deadline time.Time) mcClient {
-	out := mcClient{ep: e.Addr().EP}
+// mcSender is one client endpoint's sends: c.window slots, each holding
+// one message in flight. Owned by the goroutine that drives it.
+type mcSender struct {
+	e        *msglayer.Endpoint
+	grp      *msglayer.Group // the view of its driver's group it posts on
+	server   msglayer.Addr
+	segs     [][]byte // never written: every send in flight may share it
+	lent     *msglayer.Buffer
+	slots    []mcSlot
+	free     []*mcSlot
+	sent     int
+	inFlight int
+	out      mcClient
+}
+
+// mcSlot is a window slot of a sender, the context of its send in flight.
+type mcSlot struct {
+	s      *mcSender
+	seq    uint64
+	sentAt time.Time
+	busy   bool
+}
+
+// newSender prepares the sends of endpoint e to server, from shared when
+// given, else from a buffer of its own (lent from the UMEM with -umem).
+func (c *mcConfig) newSender(e *msglayer.Endpoint, server msglayer.Addr, shared []byte) (*mcSender, error) {
+	s := &mcSender{e: e, server: server, out: mcClient{ep: e.Addr().EP}, slots: make([]mcSlot, c.window)}
 	buf := shared
 	if buf == nil && c.umem {
 		lent, err := e.AllocBuffer(c.size)
 		if err != nil {
-			out.err = fmt.Errorf("-umem: %w", err)
-			return out
+			return nil, fmt.Errorf("-umem: %w", err)
 		}
-		defer lent.Free()
+		s.lent = lent
 		buf = mcPattern(lent.Bytes())
 	} else if buf == nil {
 		buf = mcPattern(make([]byte, c.size))
 	}
-	segs := [][]byte{buf} // never written: every send in flight may share it
-	grp := e.NewGroup()
-	sentAt := make([]time.Time, c.window) // per window slot
-	seqAt := make([]uint64, c.window)
-	busy := make([]bool, c.window)
-	var freeSlots []int
-	for i := range c.window {
-		freeSlots = append(freeSlots, i)
+	s.segs = [][]byte{buf}
+	for i := range s.slots {
+		s.slots[i].s = s
+		s.free = append(s.free, &s.slots[i])
 	}
-	sent, inFlight := 0, 0
-	// wait waits for a send to complete and accounts for it; false when
-	// none did before ctx ended (or Wait itself failed).
-	wait := func(ctx context.Context) bool {
+	return s, nil
+}
+
+func (s *mcSender) close() {
+	if s.lent != nil {
+		s.lent.Free()
+	}
+}
+
+// fill sends into every free slot, up to c.maxMsgs in all, and returns how
+// many it sent. A failed Isend ends the sender's sending.
+func (s *mcSender) fill(c *mcConfig) int {
+	n := 0
+	for len(s.free) > 0 && s.sent < c.maxMsgs && s.out.err == nil {
+		slot := s.free[len(s.free)-1]
+		slot.sentAt = time.Now()
+		if _, err := s.grp.Isend(s.server, mcMatch(s.out.ep, uint64(s.sent)), s.segs, slot); err != nil {
+			s.out.err = err
+			break
+		}
+		s.free = s.free[:len(s.free)-1]
+		slot.seq, slot.busy = uint64(s.sent), true
+		s.sent++
+		s.inFlight++
+		n++
+	}
+	return n
+}
+
+// done accounts for the completion of slot's send.
+func (slot *mcSlot) done(st msglayer.Status, err error) {
+	s := slot.s
+	s.inFlight--
+	slot.busy = false
+	s.free = append(s.free, slot)
+	now := time.Now()
+	s.out.lastComplete = now
+	if err != nil {
+		s.out.failed++
+		s.out.err = cmp.Or(s.out.err, err)
+		return
+	}
+	s.out.lat = append(s.out.lat, now.Sub(slot.sentAt))
+	s.out.bytes += uint64(st.XferLen)
+}
+
+// mcDrive keeps c.window sends in flight from each sender until the
+// deadline (or c.maxMsgs each), taking their completions from grp (which
+// spans them), then waits up to c.drain for the rest.
+func (c *mcConfig) mcDrive(senders []*mcSender, grp *msglayer.Group, deadline time.Time) {
+	inFlight := 0
+	for _, s := range senders {
+		s.out.firstSend = time.Now()
+		inFlight += s.fill(c)
+	}
+	// wait takes one completion; false when none came before ctx ended
+	// (or Wait itself failed: every sender keeps the error).
+	wait := func(ctx context.Context) *mcSender {
 		st, err := grp.Wait(ctx)
-		slot, ok := st.Context.(int)
+		slot, ok := st.Context.(*mcSlot)
 		if !ok {
 			if ctx.Err() == nil {
-				out.err = cmp.Or(out.err, err)
+				for _, s := range senders {
+					s.out.err = cmp.Or(s.out.err, err)
+				}
 			}
-			return false
+			return nil
 		}
+		slot.done(st, err)
 		inFlight--
-		busy[slot] = false
-		freeSlots = append(freeSlots, slot)
-		now := time.Now()
-		out.lastComplete = now
-		if err != nil {
-			out.failed++
-			out.err = cmp.Or(out.err, err)
-			return true
-		}
-		out.lat = append(out.lat, now.Sub(sentAt[slot]))
-		out.bytes += uint64(st.XferLen)
-		return true
+		return slot.s
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	out.firstSend = time.Now()
-	for out.err == nil && sent < c.maxMsgs && time.Now().Before(deadline) {
-		for len(freeSlots) > 0 && sent < c.maxMsgs {
-			slot := freeSlots[len(freeSlots)-1]
-			freeSlots = freeSlots[:len(freeSlots)-1]
-			sentAt[slot] = time.Now()
-			if _, err := grp.Isend(server, mcMatch(out.ep, uint64(sent)), segs, slot); err != nil {
-				out.err = err
-				freeSlots = append(freeSlots, slot)
-				break
-			}
-			seqAt[slot], busy[slot] = uint64(sent), true
-			sent++
-			inFlight++
-		}
-		if inFlight == 0 || !wait(ctx) {
+	for inFlight > 0 && time.Now().Before(deadline) {
+		s := wait(ctx)
+		if s == nil {
 			break
+		}
+		if time.Now().Before(deadline) {
+			inFlight += s.fill(c)
 		}
 	}
 	dctx, dcancel := context.WithTimeout(context.Background(), c.drain)
 	defer dcancel()
-	for inFlight > 0 && wait(dctx) {
+	for inFlight > 0 && wait(dctx) != nil {
 	}
-	out.unfinished = uint64(inFlight)
-	if inFlight > 0 {
-		out.stuck = &mcStuck{EP: out.ep, Counters: e.Counters()}
-		for i, b := range busy {
-			if b {
-				out.stuck.Seqs = append(out.stuck.Seqs, seqAt[i])
-				out.stuck.AgesS = append(out.stuck.AgesS, time.Since(sentAt[i]).Seconds())
+	for _, s := range senders {
+		s.out.unfinished = uint64(s.inFlight)
+		if s.inFlight == 0 {
+			continue
+		}
+		s.out.stuck = &mcStuck{EP: s.out.ep, Counters: s.e.Counters()}
+		for _, slot := range s.slots {
+			if slot.busy {
+				s.out.stuck.Seqs = append(s.out.stuck.Seqs, slot.seq)
+				s.out.stuck.AgesS = append(s.out.stuck.AgesS, time.Since(slot.sentAt).Seconds())
 			}
 		}
 	}
-	return out
 }
 
 // mcPattern fills buf with the bytes the clients send and returns it.

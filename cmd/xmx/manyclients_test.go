@@ -1,13 +1,16 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/xmx-stack/xmx/internal/netlab"
 	"github.com/xmx-stack/xmx/xdp"
 )
 
@@ -34,6 +37,7 @@ func TestManyClientsFlagErrors(t *testing.T) {
 		{[]string{"-role", "server", "extra"}, "unexpected arguments"},
 		{[]string{"-role", "server", "-umem"}, "-umem is a clients flag"},
 		{[]string{"-role", "server", "-buffer-per-client"}, "-buffer-per-client is a clients flag"},
+		{[]string{"-role", "server", "-goroutine-per-client"}, "-goroutine-per-client is a clients flag"},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem-gather", "copy"}, "only with -umem"},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-umem-gather", "some"}, `-umem-gather "some"`},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-n", "255", "-size", "16M"}, "more than 1 GiB"},
@@ -63,6 +67,12 @@ func TestManyClientsFlagDefaults(t *testing.T) {
 	if p, err := parseManyClients([]string{"-role", "clients", "-peer", "h1", "-buffer-per-client"}, io.Discard); err != nil || !p.perClient {
 		t.Errorf("-buffer-per-client: %v, %v", p, err)
 	}
+	if c.goPerClient {
+		t.Error("clients default to a goroutine per endpoint")
+	}
+	if p, err := parseManyClients([]string{"-role", "clients", "-peer", "h1", "-goroutine-per-client"}, io.Discard); err != nil || !p.goPerClient {
+		t.Errorf("-goroutine-per-client: %v, %v", p, err)
+	}
 	if got := c.startAt.UnixMilli(); got != 1700000000500 {
 		t.Errorf("-start-at: %d ms, want 1700000000500", got)
 	}
@@ -90,5 +100,54 @@ func TestManyClientsFlagDefaults(t *testing.T) {
 	}
 	if _, err := parseManyClients([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+}
+
+// TestManyClientsEndToEnd runs a manyclients server on h2 and clients on
+// h1 of a fresh lab, driven by one goroutine and by one per endpoint, and
+// parses their reports back: every message sent completed, none failed.
+func TestManyClientsEndToEnd(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	bin := buildTool(t)
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	serverLog, _ := startServer(t, h2, bin, append(os.Environ(), "XMX_HOSTNAME=h2"),
+		"manyclients", "-role", "server", "-i", "eth0", "-duration", "2m")
+	for _, tc := range []struct {
+		first   string
+		flags   []string
+		drivers int
+	}{
+		{"1", nil, 1},
+		{"10", []string{"-goroutine-per-client"}, 4},
+	} {
+		args := append([]string{"manyclients", "-role", "clients", "-i", "eth0", "-e", tc.first, "-n", "4",
+			"-peer", "h2", "-duration", "300ms", "-size", "64k", "-window", "2"}, tc.flags...)
+		var out []byte
+		var err error
+		// The server may still be opening its endpoint: retry briefly.
+		for try := 0; try < 20; try++ {
+			cmd := h1.Command(bin, args...)
+			cmd.Env = append(os.Environ(), "XMX_HOSTNAME=h1")
+			if out, err = cmd.Output(); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("xmx %v: %v\nserver: %s", args, err, serverLog.String())
+		}
+		var rep mcClientsReport
+		if err := json.Unmarshal(out, &rep); err != nil {
+			t.Fatalf("%v: report %q: %v", tc.flags, out, err)
+		}
+		if rep.Role != "clients" || rep.Endpoints != 4 || rep.Drivers != tc.drivers {
+			t.Errorf("%v: role %q, %d endpoints, %d drivers; want clients, 4, %d", tc.flags, rep.Role, rep.Endpoints, rep.Drivers, tc.drivers)
+		}
+		if rep.Messages == 0 || rep.MinPerEP == 0 || rep.Bytes != rep.Messages*64<<10 {
+			t.Errorf("%v: %d messages (%d bytes), at least %d per endpoint", tc.flags, rep.Messages, rep.Bytes, rep.MinPerEP)
+		}
+		if rep.Failed != 0 || rep.Unfinished != 0 || len(rep.Errors) != 0 {
+			t.Errorf("%v: %d failed, %d unfinished, errors %q", tc.flags, rep.Failed, rep.Unfinished, rep.Errors)
+		}
 	}
 }
