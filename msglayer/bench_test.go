@@ -104,32 +104,47 @@ func reportRTT(b *testing.B, rtts []time.Duration, floorP50 time.Duration) time.
 // BenchmarkPingPongMem measures the engine's own cost over the in-memory
 // link (no kernel), with allocations.
 func BenchmarkPingPongMem(b *testing.B) {
-	for _, busy := range []bool{true, false} {
-		name := map[bool]string{true: "busy", false: "blocking"}[busy]
-		b.Run(name, func(b *testing.B) {
+	for _, m := range progressModes {
+		b.Run(m.name, func(b *testing.B) {
 			w := memWorld(&testing.T{}, xdp.MemConfig{})
-			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
+			a, c := w.pair(b, m.cfg, m.cfg)
 			reportRTT(b, measurePingPong(b, a, c), 0)
 		})
 	}
 }
 
+// progressModes are the ways of waiting the ping-pong benchmarks measure:
+// busy-poll; blocking, sleeping at once as the link floor's blocking
+// receive does; and the default blocking mode, which polls before it
+// sleeps as long as answers come within tens of microseconds (compared
+// with the same floor as blocking, which it need not wake up for).
+var progressModes = []struct {
+	name string
+	busy bool // the floor's receive spins
+	cfg  msglayer.Config
+}{
+	{"busy", true, msglayer.Config{BusyPoll: true}},
+	{"blocking", false, msglayer.Config{SpinBeforeSleep: msglayer.NoSpin}},
+	{"adaptive", false, msglayer.Config{}},
+}
+
 // BenchmarkPingPongAFXDP measures 8-byte ping-pong through msglayer over
 // AF_XDP next to the raw link floor (linkbench), in busy-poll and blocking
-// mode. The two run on two fresh labs of two hosts each, in alternating
+// mode (and in the default blocking mode, with its adaptive poll, next to
+// the blocking floor). The two run on two fresh labs of two hosts each, in alternating
 // blocks of round trips, so that both see the same spells of a noisy
 // host: ns/op and allocs/op are msglayer's (the timer stops during the
 // floor's blocks); floor-half-rtt-p50-µs is the floor's.
 func BenchmarkPingPongAFXDP(b *testing.B) {
 	floorLab := netlab.New(b, netlab.Options{Hosts: 2})
 	lab := netlab.New(b, netlab.Options{Hosts: 2})
-	for _, busy := range []bool{true, false} {
-		b.Run(map[bool]string{true: "busy", false: "blocking"}[busy], func(b *testing.B) {
-			la, lb := floorLinks(b, floorLab, busy)
+	for _, m := range progressModes {
+		b.Run(m.name, func(b *testing.B) {
+			la, lb := floorLinks(b, floorLab, m.busy)
 			defer la.Close()
 			defer lb.Close()
 			w := labWorld2(b, lab)
-			a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
+			a, c := w.pair(b, m.cfg, m.cfg)
 			floor, rtts := interleave(b, la, lb, a, c)
 			slices.Sort(floor)
 			floorP50 := floor[len(floor)/2]

@@ -39,10 +39,13 @@ type Config struct {
 	// busy); otherwise waits sleep in the kernel.
 	BusyPoll bool
 	// SpinBeforeSleep, in blocking mode, makes a wait poll the link this
-	// long before it sleeps in the kernel (default 0: at once). An answer
-	// that comes within it is seen without a kernel wake-up; an idle
-	// endpoint still burns no CPU beyond it. The first endpoint of a
-	// process on an interface decides for all.
+	// long before it sleeps in the kernel. An answer that comes within it
+	// is seen without a kernel wake-up (which costs tens of microseconds
+	// on a VM whose other vCPU halted); an idle endpoint still burns no
+	// CPU beyond it. 0 (the default) adapts the poll to the waits, up to
+	// 50 µs: none while answers take longer than that; NoSpin sleeps at
+	// once. The first endpoint of a process on an interface decides for
+	// all.
 	SpinBeforeSleep time.Duration
 
 	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
@@ -109,6 +112,9 @@ const (
 	Finished
 )
 
+// NoSpin is the SpinBeforeSleep of a wait that sleeps at once.
+const NoSpin time.Duration = -1
+
 func (c *Config) setDefaults() error {
 	if c.LinkKind == "" {
 		c.LinkKind = "auto"
@@ -167,8 +173,8 @@ func (c *Config) setDefaults() error {
 	if c.ContextIDBits > 8 || c.ContextIDBits > 0 && c.ContextIDShift+c.ContextIDBits > 64 {
 		return &ArgError{Arg: "ContextIDBits", Err: fmt.Errorf("%d bits at bit %d: want 0..8 bits within the 64-bit match info", c.ContextIDBits, c.ContextIDShift)}
 	}
-	if c.SpinBeforeSleep < 0 || c.SpinBeforeSleep > time.Second {
-		return &ArgError{Arg: "SpinBeforeSleep", Err: fmt.Errorf("%v: want 0..1s", c.SpinBeforeSleep)}
+	if c.SpinBeforeSleep < NoSpin || c.SpinBeforeSleep > time.Second {
+		return &ArgError{Arg: "SpinBeforeSleep", Err: fmt.Errorf("%v: want NoSpin, 0 (adaptive) or up to 1s", c.SpinBeforeSleep)}
 	}
 	if c.PullBlocks > 64 {
 		return &ArgError{Arg: "PullBlocks", Err: fmt.Errorf("%d: want 1..64", c.PullBlocks)}

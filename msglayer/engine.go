@@ -43,9 +43,12 @@ type engine struct {
 	busyPoll     bool
 	// traceSide is the log of the link's trace points (xdp.Trace).
 	traceSide int
-	// spinFirst: in blocking mode, a wait polls this long before it
-	// sleeps in the kernel (0: it sleeps at once). Read-only.
-	spinFirst time.Duration
+	// spinFirst: in blocking mode, a wait polls this many nanoseconds
+	// before it sleeps in the kernel (0: it sleeps at once). Fixed, but
+	// with spinAuto, when the driver adapts it (nextSpin); atomic only so
+	// that tests may read it.
+	spinFirst atomic.Int64
+	spinAuto  bool
 	clock     Clock
 	hostname  string
 
@@ -77,6 +80,7 @@ type engine struct {
 	// in the kernel and a batch of frames handled leave it stale.
 	polledNow int64
 	nowPolls  int
+	batch     int // frames the last driveOnce received
 	// sleptFrom is, during a driveOnce after prepareSleep, the clock
 	// prepareSleep read (0: none, or used). Frames that receive wakes up
 	// to are handled at sleptFrom plus the time the link says it waited
@@ -90,7 +94,8 @@ type engine struct {
 	reap   reaping
 	reapSt Status
 	reaped bool
-	// acksLeft: the driver's last round left acks to process (ackq).
+	// acksLeft: the driver's last round left acks to process (ackq): a
+	// spinning driver's empty poll then takes the lock to settle them.
 	acksLeft bool
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
@@ -161,6 +166,11 @@ type engine struct {
 	// for settleAcks; an entry whose peer settled since is skipped.
 	// +checklocks:mu
 	ackq []*peer
+	// ackqOld: entries of ackq from before the batch being handled (the
+	// last round's, unless a Test settled them since): they are settled
+	// with the batch's.
+	// +checklocks:mu
+	ackqOld int
 
 	txSending []txEntry // owned by the flusher
 	txHdrsOut []pullHdr // owned by the flusher: txSending's txHdrs
@@ -249,7 +259,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		mtu:         link.MTU(),
 		ethType:     cfg.EtherType,
 		busyPoll:    cfg.BusyPoll,
-		spinFirst:   cfg.SpinBeforeSleep,
+		spinAuto:    cfg.SpinBeforeSleep == 0,
 		clock:       cfg.Clock,
 		hostname:    cfg.Hostname,
 		drive:       driveToken{free: make(chan struct{}, 1)},
@@ -257,6 +267,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		bgDone:      make(chan struct{}),
 		hostReplies: map[string][6]byte{},
 	}
+	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
 	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
 	// not of the wrapper that keeps the engine from closing it.
@@ -536,6 +547,7 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) error {
 	if timeout != 0 {
 		g.inKernel.Store(false)
 	}
+	g.batch = n
 	if err != nil {
 		g.sleptFrom = 0 // the receive may have ended before its wait began
 	}
@@ -551,7 +563,7 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) error {
 			g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
 		}
 	}
-	g.handled(n, carried)
+	g.handled(n)
 	return err
 }
 
@@ -564,22 +576,20 @@ func (g *engine) peek() (bool, error) {
 	if g.visitor == nil || g.prober == nil || g.prober.RxIdle() {
 		return false, nil
 	}
-	carried := g.acksLeft
 	g.sleptFrom = 0
 	n, err := g.visitor.RecvVisit(len(g.rxBufs), 0, &g.vis)
 	if n == 0 {
 		return false, err
 	}
-	g.handled(n, carried)
+	g.handled(n)
 	return true, err
 }
 
 // handled finishes a driver's round after the receive: the frames the
 // visitor handled (under the lock it took), or the n frames copied into
 // rxBufs; then the acks, the timers, the Wait's request and the flush.
-// carried says the last round left acks (acksLeft). The caller holds the
-// drive token.
-func (g *engine) handled(n int, carried bool) {
+// The caller holds the drive token.
+func (g *engine) handled(n int) {
 	var now int64
 	if g.vis.locked {
 		g.vis.locked = false
@@ -587,6 +597,7 @@ func (g *engine) handled(n int, carried bool) {
 		now = g.vis.now
 	} else {
 		g.mu.Lock()
+		g.ackqOld = len(g.ackq)
 		now = g.driverNow()
 		g.dispatching = true
 		for i := 0; i < n; i++ {
@@ -601,7 +612,7 @@ func (g *engine) handled(n int, carried bool) {
 	// Wait waits for, which returns first. The next round does it, at
 	// its first empty poll or after its batch.
 	if len(g.ackq) > 0 {
-		if r := g.reapTarget(); carried || r == nil || !r.done {
+		if r := g.reapTarget(); g.ackqOld > 0 || r == nil || !r.done {
 			g.settleAcks()
 		}
 	}
@@ -696,6 +707,7 @@ func (v *rxVisitor) Visit(f []byte) {
 		}
 		g.mu.Lock()
 		v.locked = true
+		g.ackqOld = len(g.ackq)
 		g.visiting, g.dispatching = true, true
 		v.now = g.driverNow()
 	}
@@ -1038,12 +1050,21 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		}
 	}()
 	g.nowPolls = 0 // the last driver's reading is stale
-	// In blocking mode, poll for spinFirst before sleeping: an answer
-	// that comes within it costs no kernel wake-up (microseconds on a
-	// VM whose other vCPU must be woken by an interrupt).
-	var spinUntil int64
-	if !g.busyPoll && g.spinFirst > 0 {
-		spinUntil = g.clock.Now() + int64(g.spinFirst)
+	// In blocking mode, poll for spinFirst before each sleep, from the
+	// start of the wait and again after each batch of frames: an answer
+	// that comes within it costs no kernel wake-up (tens of microseconds
+	// on a VM whose other vCPU must be woken by an interrupt).
+	spinFor := g.spinFirst.Load()
+	spin := !g.busyPoll && (spinFor > 0 || g.spinAuto)
+	var spinUntil, active int64 // active: the last activity (nanotime)
+	pollAgain := func() {
+		active = nanotime()
+		if spinFor > 0 {
+			spinUntil = active + spinFor
+		}
+	}
+	if spin {
+		pollAgain()
 	}
 	for spins := 0; ; spins++ {
 		if g.reaped || done() {
@@ -1062,7 +1083,7 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			}
 			g.noteAPIWait()
 		}
-		if spinUntil != 0 && spins&63 == 63 && g.clock.Now() >= spinUntil {
+		if spinUntil != 0 && spins&63 == 63 && nanotime() >= spinUntil {
 			spinUntil, polling = 0, false
 		}
 		var timeout time.Duration
@@ -1076,6 +1097,9 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			if got, err := g.peek(); err != nil {
 				return g.driveErr(err)
 			} else if got {
+				if spin {
+					pollAgain()
+				}
 				continue
 			}
 			if stopHook == nil && ctx.Done() != nil && g.waker != nil {
@@ -1099,8 +1123,48 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		if err := g.driveOnce(timeout, sleptFrom); err != nil {
 			return g.driveErr(err)
 		}
+		if spin && g.batch > 0 {
+			if timeout != 0 && g.spinAuto {
+				spinFor = int64(nextSpin(time.Duration(spinFor), time.Duration(nanotime()-active)))
+				g.spinFirst.Store(spinFor)
+			}
+			pollAgain()
+		}
 	}
 }
+
+// Adaptive polling before sleeping (Config.SpinBeforeSleep 0), as Linux's
+// haltpoll governor polls an idle vCPU: a sleep that frames ended within
+// autoSpinWindow of the last activity (the sleep's wake-up included,
+// which alone takes tens of microseconds on a VM) might have been spared
+// by a longer poll, so the next polls twice as long, from minAutoSpin up
+// to maxAutoSpin; a longer one halves it, down to no poll below
+// minAutoSpin. Frames that come while polling keep it. An exchange whose
+// answers come within microseconds is then served without kernel
+// wake-ups, and an idle or slow one sleeps at once.
+const (
+	minAutoSpin    = 10 * time.Microsecond
+	maxAutoSpin    = 50 * time.Microsecond
+	autoSpinWindow = 200 * time.Microsecond
+)
+
+// nextSpin is the poll that follows poll cur when a sleep after it ended
+// with frames idle since the last activity (the poll included).
+func nextSpin(cur, idle time.Duration) time.Duration {
+	if idle <= autoSpinWindow {
+		return min(max(2*cur, minAutoSpin), maxAutoSpin)
+	}
+	if cur /= 2; cur < minAutoSpin {
+		return 0
+	}
+	return cur
+}
+
+// nanotime is a monotonic clock in nanoseconds for polls, which spend
+// real time whatever the engine's Clock says.
+func nanotime() int64 { return int64(time.Since(monoBase)) }
+
+var monoBase = time.Now()
 
 // driveErr is the error a wait returns for a failed receive: ErrClosed if
 // the engine was closed meanwhile, else the link's.

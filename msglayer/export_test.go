@@ -78,3 +78,16 @@ func (e *Endpoint) DebugPullTimeout(a Addr) time.Duration {
 	}
 	return 0
 }
+
+// SpinNow is how long the endpoint's engine polls before it sleeps.
+func (e *Endpoint) SpinNow() time.Duration { return time.Duration(e.eng.spinFirst.Load()) }
+
+// NextSpin is nextSpin, for its test.
+var NextSpin = nextSpin
+
+// The bounds of the adaptive poll.
+const (
+	MinAutoSpin    = minAutoSpin
+	MaxAutoSpin    = maxAutoSpin
+	AutoSpinWindow = autoSpinWindow
+)

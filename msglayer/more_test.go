@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -501,8 +502,69 @@ func TestSpinBeforeSleep(t *testing.T) {
 		t.Fatalf("wait for nothing = %v, want the deadline", err)
 	}
 	var ae *msglayer.ArgError
-	if _, err := msglayer.Open(msglayer.Config{Link: xdp.NewHub(xdp.MemConfig{}).Attach(), SpinBeforeSleep: -1}); !errors.As(err, &ae) || ae.Arg != "SpinBeforeSleep" {
-		t.Fatalf("negative SpinBeforeSleep: %v", err)
+	if _, err := msglayer.Open(msglayer.Config{Link: xdp.NewHub(xdp.MemConfig{}).Attach(), SpinBeforeSleep: -2}); !errors.As(err, &ae) || ae.Arg != "SpinBeforeSleep" {
+		t.Fatalf("SpinBeforeSleep -2ns: %v", err)
+	}
+}
+
+// TestNextSpin checks the adaptive poll's steps: it doubles from
+// MinAutoSpin up to MaxAutoSpin while sleeps end within AutoSpinWindow of
+// the last activity, and halves, to nothing below MinAutoSpin, after
+// longer ones.
+func TestNextSpin(t *testing.T) {
+	short, long := msglayer.AutoSpinWindow, msglayer.AutoSpinWindow+1
+	spin := time.Duration(0)
+	var grew, shrank []time.Duration
+	for range 5 {
+		spin = msglayer.NextSpin(spin, short)
+		grew = append(grew, spin)
+	}
+	for range 4 {
+		spin = msglayer.NextSpin(spin, long)
+		shrank = append(shrank, spin)
+	}
+	us := time.Microsecond
+	if want := []time.Duration{10 * us, 20 * us, 40 * us, 50 * us, 50 * us}; !slices.Equal(grew, want) {
+		t.Errorf("after short sleeps: %v, want %v", grew, want)
+	}
+	if want := []time.Duration{25 * us, 12500 * time.Nanosecond, 0, 0}; !slices.Equal(shrank, want) {
+		t.Errorf("after long sleeps: %v, want %v", shrank, want)
+	}
+	if msglayer.MinAutoSpin != 10*us || msglayer.MaxAutoSpin != 50*us {
+		t.Errorf("bounds %v..%v changed: update the steps above", msglayer.MinAutoSpin, msglayer.MaxAutoSpin)
+	}
+}
+
+// TestAutoSpin checks the default blocking mode: a ping-pong whose
+// answers come at once makes the engine poll before sleeping, and a wait
+// that frames end only after a long sleep makes it poll less; NoSpin
+// never polls.
+func TestAutoSpin(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{SpinBeforeSleep: msglayer.NoSpin})
+	ctx := ctxFor(t, 10*time.Second)
+	pingPong(t, a, b, 8, 500, nil)
+	grown := a.SpinNow()
+	if grown < msglayer.MinAutoSpin || b.SpinNow() != 0 {
+		t.Fatalf("after a ping-pong: polls %v (adaptive) and %v (NoSpin); want at least %v and none", grown, b.SpinNow(), msglayer.MinAutoSpin)
+	}
+	buf := make([]byte, 64)
+	r, err := a.Irecv(0, 0, [][]byte{buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		s, err := b.Isend(a.Addr(), 1, [][]byte{message(1, 64)}, nil)
+		if err == nil {
+			b.Forget(s)
+		}
+	}()
+	if _, err := a.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if got := a.SpinNow(); got >= grown {
+		t.Errorf("after a wait of 20 ms: polls %v, want less than %v", got, grown)
 	}
 }
 

@@ -117,17 +117,19 @@ func BenchmarkStreamAFXDP(b *testing.B) {
 			defer la.Close()
 			defer lb.Close()
 			w := labWorld2(b, lab)
-			// Blocking mode by default: with both ends in one process on two
-			// cores, two spinning drivers starve the kernel's copy work
-			// (XMX_BENCH_BUSY=1 measures busy-poll anyway).
+			// Blocking mode, sleeping at once, by default: with both ends in
+			// one process on two cores, two spinning drivers starve the
+			// kernel's copy work (XMX_BENCH_BUSY=1 measures busy-poll
+			// anyway).
 			busy := os.Getenv("XMX_BENCH_BUSY") != ""
 			// XMX_BENCH_UMEM=1 sends from a buffer in the sender's UMEM.
 			lend := os.Getenv("XMX_BENCH_UMEM") != ""
-			ca := msglayer.Config{BusyPoll: busy}
+			ca := msglayer.Config{BusyPoll: busy, SpinBeforeSleep: msglayer.NoSpin}
+			cc := ca
 			if lend {
 				ca.UMEMBufferBytes = 2 << 20
 			}
-			a, c := w.pair(b, ca, msglayer.Config{BusyPoll: busy})
+			a, c := w.pair(b, ca, cc)
 			frame := mtu + xdp.EthHeaderLen
 			st := newStream(b, a, c, 1<<20, 16, lend)
 			st.run(b, 50*time.Millisecond) // the buffers' pages, the first pulls

@@ -58,7 +58,8 @@ func traceModes(b *testing.B, lab *netlab.Lab, busy bool) {
 	b.Run("msglayer-"+mode, func(b *testing.B) {
 		xdp.ResetTraceSides()
 		w := labWorld2(b, lab)
-		a, c := w.pair(b, msglayer.Config{BusyPoll: busy}, msglayer.Config{BusyPoll: busy})
+		cfg := msglayer.Config{BusyPoll: busy, SpinBeforeSleep: msglayer.NoSpin}
+		a, c := w.pair(b, cfg, cfg)
 		pingPong(b, a, c, 8, 1000, nil)
 		xdp.StartTrace()
 		rtts := pingPong(b, a, c, 8, b.N, make([]time.Duration, 0, b.N))

@@ -43,7 +43,7 @@ type endpointFlags struct {
 	ep       uint
 	key      uint
 	busy     bool
-	spin     time.Duration
+	spin     spinFlag
 	peerEP   uint
 	peerKey  uint
 	timeout  time.Duration
@@ -61,17 +61,63 @@ func (f *endpointFlags) register(fs *flag.FlagSet, defaultEP uint) {
 	fs.UintVar(&f.ep, "e", defaultEP, "local endpoint id (0-255)")
 	fs.UintVar(&f.key, "key", 0x786d78, "endpoint key peers must present")
 	fs.BoolVar(&f.busy, "busy", false, "busy-poll (lowest latency, one CPU busy) instead of sleeping in the kernel")
-	fs.DurationVar(&f.spin, "spin", 0, "without -busy: poll this long (e.g. 50us) before sleeping in the kernel")
+	f.spin = spinFlag{auto: true}
+	fs.Var(&f.spin, "spin", "without -busy: how long to poll before sleeping in the kernel: auto (adapts, up to 50us), or a duration (0: sleep at once)")
 	fs.UintVar(&f.peerEP, "peer-ep", 0, "peer endpoint id when PEER names a host")
 	fs.UintVar(&f.peerKey, "peer-key", 0x786d78, "key to present to the peer")
 	fs.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the peer to answer")
 	fs.StringVar(&f.hostname, "hostname", "", "host name this endpoint answers to (default: $XMX_HOSTNAME, else the system host name)")
 }
 
-func (f *endpointFlags) validate() error {
-	if f.spin < 0 || f.spin > time.Second {
-		return fmt.Errorf("%w: -spin %v: want 0..1s", errUsage, f.spin)
+// spinFlag is -spin: auto, or how long to poll before sleeping.
+type spinFlag struct {
+	auto bool
+	d    time.Duration
+}
+
+func (s *spinFlag) String() string {
+	if s.auto {
+		return "auto"
 	}
+	return s.d.String()
+}
+
+func (s *spinFlag) Set(v string) error {
+	if v == "auto" {
+		*s = spinFlag{auto: true}
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d > time.Second {
+		return errors.New("want auto or a duration of 0..1s")
+	}
+	*s = spinFlag{d: d}
+	return nil
+}
+
+// config is the flag as msglayer.Config.SpinBeforeSleep.
+func (s *spinFlag) config() time.Duration {
+	switch {
+	case s.auto:
+		return 0
+	case s.d == 0:
+		return msglayer.NoSpin
+	}
+	return s.d
+}
+
+// mode describes blocking mode with this poll, for reports.
+func (s *spinFlag) mode() string {
+	switch {
+	case s.auto:
+		return "blocking, adaptive poll"
+	case s.d == 0:
+		return "blocking"
+	}
+	return fmt.Sprintf("blocking after %v of polling", s.d)
+}
+
+func (f *endpointFlags) validate() error {
 	if f.ep > 255 {
 		return fmt.Errorf("%w: -e %d: endpoint ids are 0-255", errUsage, f.ep)
 	}
@@ -145,7 +191,7 @@ func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
 		EndpointID:      uint8(f.ep),
 		Key:             uint32(f.key),
 		BusyPoll:        f.busy,
-		SpinBeforeSleep: f.spin,
+		SpinBeforeSleep: f.spin.config(),
 		Hostname:        f.hostname,
 
 		UMEMBufferBytes: f.umemBytes,

@@ -89,12 +89,9 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	defer bye(e, peer)
 
 	info, _ := e.LinkInfo()
-	mode := "blocking"
-	switch {
-	case ef.busy:
+	mode := ef.spin.mode()
+	if ef.busy {
 		mode = "busy-poll"
-	case ef.spin > 0:
-		mode = fmt.Sprintf("blocking after %v of polling", ef.spin)
 	}
 	out := os.Stdout
 	if !*asJSON {

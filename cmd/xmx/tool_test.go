@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"flag"
+	"github.com/xmx-stack/xmx/msglayer"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,6 +51,9 @@ func TestArgErrors(t *testing.T) {
 		{runPingPong, []string{"-link", "bogus"}, "-link"},
 		{runPingPong, []string{"-sizes", "1x"}, "-sizes"},
 		{runPingPong, []string{"a", "b"}, "PEER"},
+		{runPingPong, []string{"-spin", "soon"}, "-spin"},
+		{runPingPong, []string{"-spin", "2s"}, "-spin"},
+		{runStream, []string{"-spin", "-1us"}, "-spin"},
 		{runStream, []string{"-window", "0"}, "-window"},
 		{runStream, []string{"-time", "0s"}, "-time"},
 		{runStream, []string{"-umem-gather", "copy"}, "only with -umem"},
@@ -61,6 +66,34 @@ func TestArgErrors(t *testing.T) {
 		err := c.run(c.args)
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v; want a usage error naming %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestSpinFlag checks -spin's values and what they ask msglayer for.
+func TestSpinFlag(t *testing.T) {
+	for _, c := range []struct {
+		arg  string
+		want time.Duration
+		mode string
+	}{
+		{"", 0, "blocking, adaptive poll"},
+		{"auto", 0, "blocking, adaptive poll"},
+		{"0", msglayer.NoSpin, "blocking"},
+		{"50us", 50 * time.Microsecond, "blocking after 50µs of polling"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		var f endpointFlags
+		f.register(fs, 0)
+		args := []string{}
+		if c.arg != "" {
+			args = append(args, "-spin", c.arg)
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatalf("-spin %q: %v", c.arg, err)
+		}
+		if got := f.spin.config(); got != c.want || f.spin.mode() != c.mode {
+			t.Errorf("-spin %q: SpinBeforeSleep %v, mode %q; want %v, %q", c.arg, got, f.spin.mode(), c.want, c.mode)
 		}
 	}
 }
