@@ -540,7 +540,8 @@ func exportRev(e *Env, rev, dir string) (string, error) {
 // ---- xmx itself ----------------------------------------------------------
 
 // xmxSystems returns the xmx rows: msglayer in busy-poll and in blocking
-// mode, measured with xmx pingpong (latency) and xmx stream (bandwidth),
+// mode (its default, which polls before sleeping while answers come within
+// tens of microseconds: -spin auto), measured with xmx pingpong (latency) and xmx stream (bandwidth),
 // and the same two modes streaming from a buffer lent from the UMEM
 // (xmx stream -umem: bandwidth only, the *-umem rows). They get table
 // columns, ratio blocks ("xmx-spin ÷ ucx" ..., and "÷ link floor" for
@@ -571,9 +572,9 @@ func exportRev(e *Env, rev, dir string) (string, error) {
 func xmxSystems(xmxBin func() (string, error)) []*System {
 	return []*System{
 		xmxSystem(xmxBin, "xmx-spin", "busy-poll", "-busy", false),
-		xmxSystem(xmxBin, "xmx-poll", "blocking", "", false),
+		xmxSystem(xmxBin, "xmx-poll", "blocking (adaptive poll)", "", false),
 		xmxSystem(xmxBin, "xmx-spin-umem", "busy-poll", "-busy", true),
-		xmxSystem(xmxBin, "xmx-poll-umem", "blocking", "", true),
+		xmxSystem(xmxBin, "xmx-poll-umem", "blocking (adaptive poll)", "", true),
 	}
 }
 
