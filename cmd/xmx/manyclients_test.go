@@ -122,20 +122,7 @@ func TestManyClientsEndToEnd(t *testing.T) {
 	} {
 		args := append([]string{"manyclients", "-role", "clients", "-i", "eth0", "-e", tc.first, "-n", "4",
 			"-peer", "h2", "-duration", "300ms", "-size", "64k", "-window", "2"}, tc.flags...)
-		var out []byte
-		var err error
-		// The server may still be opening its endpoint: retry briefly.
-		for try := 0; try < 20; try++ {
-			cmd := h1.Command(bin, args...)
-			cmd.Env = append(os.Environ(), "XMX_HOSTNAME=h1")
-			if out, err = cmd.Output(); err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		if err != nil {
-			t.Fatalf("xmx %v: %v\nserver: %s", args, err, serverLog.String())
-		}
+		out := runClient(t, h1, bin, serverLog, args...)
 		var rep mcClientsReport
 		if err := json.Unmarshal(out, &rep); err != nil {
 			t.Fatalf("%v: report %q: %v", tc.flags, out, err)

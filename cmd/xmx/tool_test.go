@@ -139,6 +139,29 @@ func startServer(t *testing.T, h *netlab.Host, bin string, env []string, args ..
 	return log, stop
 }
 
+// runClient runs bin with args on h (as host h1) and returns its standard
+// output, retrying briefly while the server may still be opening its
+// endpoint; a failure ends the test with its stderr and serverLog.
+func runClient(t *testing.T, h *netlab.Host, bin string, serverLog *bytes.Buffer, args ...string) []byte {
+	t.Helper()
+	var out []byte
+	var err error
+	for try := 0; try < 20; try++ {
+		cmd := h.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "XMX_HOSTNAME=h1")
+		if out, err = cmd.Output(); err == nil {
+			return out
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		t.Fatalf("xmx %v: %v\n%s\nserver: %s", args, err, ee.Stderr, serverLog.String())
+	}
+	t.Fatalf("xmx %v: %v", args, err)
+	return nil
+}
+
 // TestEndToEnd runs a server on h2 and pingpong and stream clients on h1 of
 // a fresh lab, with -json output parsed back.
 func TestEndToEnd(t *testing.T) {
@@ -148,23 +171,7 @@ func TestEndToEnd(t *testing.T) {
 	serverLog, _ := startServer(t, h2, bin, append(os.Environ(), "XMX_HOSTNAME=h2"), "pingpong", "-i", "eth0")
 	client := func(args ...string) []byte {
 		t.Helper()
-		var out []byte
-		var err error
-		// The server may still be opening its endpoint: retry briefly.
-		for try := 0; try < 20; try++ {
-			cmd := h1.Command(bin, args...)
-			cmd.Env = append(os.Environ(), "XMX_HOSTNAME=h1")
-			if out, err = cmd.Output(); err == nil {
-				return out
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			t.Fatalf("xmx %v: %v\n%s\nserver: %s", args, err, ee.Stderr, serverLog.String())
-		}
-		t.Fatalf("xmx %v: %v", args, err)
-		return nil
+		return runClient(t, h1, bin, serverLog, args...)
 	}
 
 	sizes := []int{0, 8, 1024, 65536, 1 << 20}
