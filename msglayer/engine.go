@@ -80,7 +80,6 @@ type engine struct {
 	// in the kernel and a batch of frames handled leave it stale.
 	polledNow int64
 	nowPolls  int
-	batch     int // frames the last driveOnce received
 	// sleptFrom is, during a driveOnce after prepareSleep, the clock
 	// prepareSleep read (0: none, or used). Frames that receive wakes up
 	// to are handled at sleptFrom plus the time the link says it waited
@@ -524,10 +523,10 @@ func (g *engine) stampSent(now int64) {
 }
 
 // driveOnce receives one batch of frames (waiting up to timeout), handles
-// them and runs the due timers. sleptFrom is the clock prepareSleep read
+// them and runs the due timers, and returns how many it received. sleptFrom is the clock prepareSleep read
 // before a receive that may sleep (0: none; a poll, timeout 0, ignores
 // it). The caller holds the drive token.
-func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) error {
+func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) {
 	carried := g.acksLeft
 	g.sleptFrom = 0
 	if timeout != 0 {
@@ -547,7 +546,6 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) error {
 	if timeout != 0 {
 		g.inKernel.Store(false)
 	}
-	g.batch = n
 	if err != nil {
 		g.sleptFrom = 0 // the receive may have ended before its wait began
 	}
@@ -557,14 +555,14 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) error {
 		// the frames sent meanwhile. Acks left by the last batch are
 		// processed at the first empty poll.
 		if g.nowPolls--; g.nowPolls > 0 && !carried {
-			return err
+			return 0, err
 		}
 		if g.nowPolls <= 0 {
 			g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
 		}
 	}
 	g.handled(n)
-	return err
+	return n, err
 }
 
 // peek handles the frames waiting on the link, if there are any, and
@@ -1120,10 +1118,11 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 				}
 			}
 		}
-		if err := g.driveOnce(timeout, sleptFrom); err != nil {
+		n, err := g.driveOnce(timeout, sleptFrom)
+		if err != nil {
 			return g.driveErr(err)
 		}
-		if spin && g.batch > 0 {
+		if spin && n > 0 {
 			if timeout != 0 && g.spinAuto {
 				spinFor = int64(nextSpin(time.Duration(spinFor), time.Duration(nanotime()-active)))
 				g.spinFirst.Store(spinFor)
@@ -1230,7 +1229,7 @@ func (g *engine) background() {
 		}
 		g.bgDriving.Store(true)
 		for g.wantDrive.Load() == 0 && !g.closed.Load() {
-			if g.driveOnce(g.prepareSleep(250*time.Millisecond)) != nil && g.closed.Load() {
+			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil && g.closed.Load() {
 				break
 			}
 		}
