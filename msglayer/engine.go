@@ -49,6 +49,7 @@ type engine struct {
 	// that tests may read it.
 	spinFirst atomic.Int64
 	spinAuto  bool
+	spinClock func() int64 // the polls' clock: nanotime (tests: their own)
 	clock     Clock
 	hostname  string
 
@@ -267,6 +268,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		hostReplies: map[string][6]byte{},
 	}
 	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
+	g.spinClock = nanotime
 	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
 	// not of the wrapper that keeps the engine from closing it.
@@ -1056,7 +1058,7 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 	spin := !g.busyPoll && (spinFor > 0 || g.spinAuto)
 	var spinUntil, active int64 // active: the last activity (nanotime)
 	pollAgain := func() {
-		active = nanotime()
+		active = g.spinClock()
 		if spinFor > 0 {
 			spinUntil = active + spinFor
 		}
@@ -1081,7 +1083,7 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			}
 			g.noteAPIWait()
 		}
-		if spinUntil != 0 && spins&63 == 63 && nanotime() >= spinUntil {
+		if spinUntil != 0 && spins&63 == 63 && g.spinClock() >= spinUntil {
 			spinUntil, polling = 0, false
 		}
 		var timeout time.Duration
@@ -1124,7 +1126,7 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		}
 		if spin && n > 0 {
 			if timeout != 0 && g.spinAuto {
-				spinFor = int64(nextSpin(time.Duration(spinFor), time.Duration(nanotime()-active)))
+				spinFor = int64(nextSpin(time.Duration(spinFor), time.Duration(g.spinClock()-active)))
 				g.spinFirst.Store(spinFor)
 			}
 			pollAgain()

@@ -82,6 +82,10 @@ func (e *Endpoint) DebugPullTimeout(a Addr) time.Duration {
 // SpinNow is how long the endpoint's engine polls before it sleeps.
 func (e *Endpoint) SpinNow() time.Duration { return time.Duration(e.eng.spinFirst.Load()) }
 
+// SetSpinClock makes now the clock of the endpoint's engine's polls
+// before sleeping. Call it before any wait of the test's traffic.
+func (e *Endpoint) SetSpinClock(now func() int64) { e.eng.spinClock = now }
+
 // NextSpin is nextSpin, for its test.
 var NextSpin = nextSpin
 
