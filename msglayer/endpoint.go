@@ -43,8 +43,7 @@ type Config struct {
 	// is seen without a kernel wake-up (which costs tens of microseconds
 	// on a VM whose other vCPU halted); an idle endpoint still burns no
 	// CPU beyond it. 0 (the default) adapts the poll to the waits, up to
-	// 50 µs: none while answers take longer than that; NoSpin sleeps at
-	// once. The first endpoint of a process on an interface decides for
+	// 50 µs: none while sleeps last over 200 µs; NoSpin sleeps at once. The first endpoint of a process on an interface decides for
 	// all.
 	SpinBeforeSleep time.Duration
 

@@ -826,8 +826,9 @@ func (c *mcConfig) mcDrive(senders []*mcSender, grp *msglayer.Group, deadline ti
 		s.out.firstSend = time.Now()
 		inFlight += s.fill(c)
 	}
-	// wait takes one completion; false when none came before ctx ended
-	// (or Wait itself failed: every sender keeps the error).
+	// wait takes one completion and returns its sender; nil when none
+	// came before ctx ended (or Wait itself failed: every sender keeps the
+	// error).
 	wait := func(ctx context.Context) *mcSender {
 		st, err := grp.Wait(ctx)
 		slot, ok := st.Context.(*mcSlot)
