@@ -281,19 +281,27 @@ estimate of the data they sent more than once.
 // mcOpen opens endpoint id with the flags' link settings and the given
 // protocol bounds.
 func (c *mcConfig) mcOpen(id uint8) (*msglayer.Endpoint, error) {
-	ef := c.ef
-	if ef.iface == "" {
+	cfg := c.endpointConfig(id)
+	if cfg.Interface == "" {
 		var err error
-		if ef.iface, err = defaultInterface(); err != nil {
+		if cfg.Interface, err = defaultInterface(); err != nil {
 			return nil, err
 		}
 	}
-	return msglayer.Open(msglayer.Config{
+	return msglayer.Open(cfg)
+}
+
+// endpointConfig is endpoint id's msglayer configuration from the flags
+// (Interface empty when -i was not given).
+func (c *mcConfig) endpointConfig(id uint8) msglayer.Config {
+	ef := c.ef
+	return msglayer.Config{
 		Interface:           ef.iface,
 		LinkKind:            ef.link,
 		EndpointID:          id,
 		Key:                 uint32(ef.key),
 		BusyPoll:            ef.busy,
+		SpinBeforeSleep:     ef.spin.config(),
 		Hostname:            ef.hostname,
 		RendezvousThreshold: c.rndv,
 		UnexpectedBytes:     c.unexp,
@@ -301,7 +309,7 @@ func (c *mcConfig) mcOpen(id uint8) (*msglayer.Endpoint, error) {
 		PullBlocks:          c.pullBlocks,
 		UMEMBufferBytes:     ef.umemBytes,
 		UMEMGather:          ef.umemGather,
-	})
+	}
 }
 
 // mcLink describes the link in a report.

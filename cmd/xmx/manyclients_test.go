@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/xmx-stack/xmx/internal/netlab"
+	"github.com/xmx-stack/xmx/msglayer"
 	"github.com/xmx-stack/xmx/xdp"
 )
 
@@ -100,6 +101,35 @@ func TestManyClientsFlagDefaults(t *testing.T) {
 	}
 	if _, err := parseManyClients([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
+	}
+}
+
+// TestManyClientsEndpointConfig checks that the endpoint flags reach
+// msglayer: -spin was once parsed and then dropped, so every manyclients
+// process polled adaptively whatever it was told.
+func TestManyClientsEndpointConfig(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		spin time.Duration
+		busy bool
+	}{
+		{nil, 0, false},
+		{[]string{"-spin", "0"}, msglayer.NoSpin, false},
+		{[]string{"-spin", "500us"}, 500 * time.Microsecond, false},
+		{[]string{"-busy"}, 0, true},
+	} {
+		args := append([]string{"-role", "server", "-i", "eth9", "-e", "3", "-min-rto", "2ms", "-pull-blocks", "4"}, c.args...)
+		mc, err := parseManyClients(args, io.Discard)
+		if err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+		cfg := mc.endpointConfig(7)
+		if cfg.SpinBeforeSleep != c.spin || cfg.BusyPoll != c.busy {
+			t.Errorf("%q: SpinBeforeSleep %v, BusyPoll %v; want %v, %v", c.args, cfg.SpinBeforeSleep, cfg.BusyPoll, c.spin, c.busy)
+		}
+		if cfg.Interface != "eth9" || cfg.EndpointID != 7 || cfg.MinRTO != 2*time.Millisecond || cfg.PullBlocks != 4 {
+			t.Errorf("%q: interface %q, endpoint %d, min RTO %v, pull blocks %d", c.args, cfg.Interface, cfg.EndpointID, cfg.MinRTO, cfg.PullBlocks)
+		}
 	}
 }
 
