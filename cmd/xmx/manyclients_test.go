@@ -118,7 +118,7 @@ func TestManyClientsEndpointConfig(t *testing.T) {
 		{[]string{"-spin", "500us"}, 500 * time.Microsecond, false},
 		{[]string{"-busy"}, 0, true},
 	} {
-		args := append([]string{"-role", "server", "-i", "eth9", "-e", "3", "-min-rto", "2ms", "-pull-blocks", "4"}, c.args...)
+		args := append([]string{"-role", "server", "-i", "eth9", "-min-rto", "2ms", "-pull-blocks", "4"}, c.args...)
 		mc, err := parseManyClients(args, io.Discard)
 		if err != nil {
 			t.Fatalf("%q: %v", args, err)
