@@ -15,7 +15,7 @@ import (
 func exchangeAll(t *testing.T, a, b *msglayer.Endpoint) {
 	t.Helper()
 	ctx := ctxFor(t, 60*time.Second)
-	sizes := []int{0, 8, 1400, 3000, 8900, 9000, 20000, 32 << 10, 100 << 10, 1 << 20}
+	sizes := []int{0, 8, 1400, 3000, 8900, 9000, 20000, 32 << 10, 65000, 100 << 10, 1 << 20}
 	for _, dir := range [][2]*msglayer.Endpoint{{a, b}, {b, a}} {
 		from, to := dir[0], dir[1]
 		for i, n := range sizes {
@@ -46,16 +46,17 @@ func exchangeAll(t *testing.T, a, b *msglayer.Endpoint) {
 }
 
 // TestMTUs runs every message class and one-sided operations over AF_XDP
-// at MTU 1500, at veth's native-XDP limit (3506) and with jumbo frames
-// (9000, multi-buffer).
+// at MTU 1500, at veth's native-XDP limit (3506), with jumbo frames
+// (9000, multi-buffer) and at veth's largest MTU (65535: 17 UMEM frames per
+// frame, and a 32 KiB medium message in one).
 func TestMTUs(t *testing.T) {
-	for _, mtu := range []int{1500, 3506, 9000} {
+	for _, mtu := range []int{1500, 3506, 9000, 65535} {
 		t.Run(fmt.Sprint(mtu), func(t *testing.T) {
 			w := labWorld2(t, netlab.New(t, netlab.Options{Hosts: 2, MTU: mtu}))
 			a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
 			exchangeAll(t, a, b)
-			if info, _ := a.LinkInfo(); mtu == 9000 && !bytes.Contains([]byte(info.Mode), []byte("sg")) {
-				t.Errorf("MTU 9000 link mode %q: want multi-buffer (sg)", info.Mode)
+			if info, _ := a.LinkInfo(); mtu > 3506 && !bytes.Contains([]byte(info.Mode), []byte("sg")) {
+				t.Errorf("MTU %d link mode %q: want multi-buffer (sg)", mtu, info.Mode)
 			}
 		})
 	}

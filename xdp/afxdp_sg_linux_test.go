@@ -1,11 +1,12 @@
 package xdp_test
 
 // Lab tests of multi-buffer (XDP_USE_SG) AF_XDP links: jumbo frames on a
-// 9000-MTU veth lab.
+// 9000-MTU veth lab, and frames of up to 65549 bytes at veth's largest MTU.
 
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -120,8 +121,18 @@ func recvExactly(t *testing.T, l xdp.Link, want [][]byte, bufLen int) {
 // UMEM frames, between two AF_XDP links and between AF_XDP and AF_PACKET
 // (which sees the frames as the kernel does), and checks that they arrive
 // byte for byte; then truncation of a frame across fragments.
+//
+// It runs at MTU 9000 and at veth's largest MTU, 65535, where a frame takes
+// 17 UMEM frames of 4096 bytes (2048-byte frames would need 33 descriptors
+// per packet, more than copy mode takes, and are refused).
 func TestAFXDPJumboBoundaries(t *testing.T) {
-	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: jumboMTU})
+	for _, mtu := range []int{jumboMTU, 65535} {
+		t.Run(fmt.Sprint(mtu), func(t *testing.T) { testJumboBoundaries(t, mtu) })
+	}
+}
+
+func testJumboBoundaries(t *testing.T, mtu int) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: mtu})
 	h1, h2 := lab.Hosts[0], lab.Hosts[1]
 	openPacket := func(t *testing.T, h *netlab.Host) xdp.Link {
 		var l *xdp.AFPacketLink
@@ -134,8 +145,22 @@ func TestAFXDPJumboBoundaries(t *testing.T) {
 		t.Cleanup(func() { l.Close() })
 		return l
 	}
-	const maxLen = jumboMTU + xdp.EthHeaderLen
-	for _, fs := range []int{4096, 2048} {
+	maxLen := mtu + xdp.EthHeaderLen
+	frameSizes := []int{4096, 2048}
+	if mtu > 18*2048-xdp.EthHeaderLen {
+		frameSizes = frameSizes[:1]
+		err := h1.Do(func() error {
+			l, err := xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: h1.Interface, FrameSize: 2048})
+			if err == nil {
+				l.Close()
+			}
+			return err
+		})
+		if !errors.Is(err, xdp.ErrNotSupported) {
+			t.Errorf("open with 2048-byte frames at MTU %d: %v, want ErrNotSupported", mtu, err)
+		}
+	}
+	for _, fs := range frameSizes {
 		for _, peer := range []string{"afxdp", "afpacket"} {
 			t.Run(peer+"/"+map[int]string{4096: "4K", 2048: "2K"}[fs], func(t *testing.T) {
 				a := openAFXDP(t, h1, xdp.AFXDPConfig{FrameSize: fs})

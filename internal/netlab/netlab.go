@@ -44,7 +44,7 @@ const netnsDir = "/var/run/netns"
 // Options describe a lab. Zero values select the defaults.
 type Options struct {
 	Hosts  int    // number of hosts, 2..250 (default 2)
-	MTU    int    // MTU of every veth end and the bridge, 68..9000 (default 1500)
+	MTU    int    // MTU of every veth end and the bridge, 68..65535 (default 1500)
 	Netem  string // netem spec for every bridge-side port, e.g. "loss 5% delay 1ms"; forces the bridge topology
 	Queues int    // numtxqueues/numrxqueues of every veth, 1..64 (default 1)
 	Name   string // lab name, [a-z0-9]{1,8}; "" picks a unique "t" + 6 random [a-z0-9]

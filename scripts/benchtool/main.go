@@ -72,12 +72,12 @@ type config struct {
 	xmxRev    string // build ./cmd/xmx of this commit for the xmx-side rows
 }
 
-// Lab MTUs -mtu accepts: IPv6's minimum link MTU up to the jumbo frames
-// scripts/lab and veth take (veth's native XDP stops at 3506; above it
-// the AF_XDP links go multi-buffer by themselves).
+// Lab MTUs -mtu accepts: IPv6's minimum link MTU up to veth's largest,
+// 65535 (veth's single-buffer native XDP stops at 3506; above it the
+// AF_XDP links go multi-buffer by themselves, up to 17 UMEM frames each).
 const (
 	minMTU     = 1280
-	maxMTU     = 9000
+	maxMTU     = 65535
 	defaultMTU = 1500
 )
 
