@@ -224,6 +224,7 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 			p.pushSend(r)
 		}
 	}
+	xdp.Trace(g.traceSide, xdp.TraceFramed)
 	g.flushAndUnlock()
 	return h, nil
 }

@@ -58,6 +58,7 @@ func (l *AFXDPLink) txCommit(p *txBatch) {
 // UMEM, in the send slot Send would have copied it into (one UMEM frame, or
 // in multi-buffer mode a run of adjacent ones).
 func (l *AFXDPLink) SendBuilt(n int, b Builder) (int, error) {
+	Trace(l.traceSide, TraceLinkSend)
 	var missing error
 	if b == nil {
 		missing = errNilBuilder

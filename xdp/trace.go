@@ -19,6 +19,8 @@ type TracePoint int32
 const (
 	TraceStart      TracePoint = iota // benchmark: a round trip begins (side 0)
 	TraceSendCall                     // msglayer: Isend entered
+	TraceFramed                       // msglayer: Isend's frames are queued, the flush begins
+	TraceLinkSend                     // link: SendBuilt entered
 	TraceKick                         // link: sendto about to be called
 	TraceKicked                       // link: sendto returned
 	TraceSleep                        // link: a receive goes to sleep in poll
@@ -30,7 +32,7 @@ const (
 	numTracePoints
 )
 
-var tracePointNames = [numTracePoints]string{"start", "send-call", "kick", "kicked", "sleep", "woke", "rx-seen", "dispatched", "returned", "answer"}
+var tracePointNames = [numTracePoints]string{"start", "send-call", "framed", "link-send", "kick", "kicked", "sleep", "woke", "rx-seen", "dispatched", "returned", "answer"}
 
 func (p TracePoint) String() string {
 	if p >= 0 && p < numTracePoints {
