@@ -22,13 +22,13 @@ import (
 var systemColors = map[string]string{
 	"link-spin": "#000000", "link-poll": "#7f7f7f",
 	"xmx-spin": "#d62728", "xmx-poll": "#ff7f0e",
-	"xmx-spin-umem": "#8b0000", "xmx-poll-umem": "#b8860b",
+	"xmx-spin-umem": "#8b0000", "xmx-poll-umem": "#b8860b", "xmx-spin-afpacket": "#e377c2",
 	"ucx": "#1f77b4", "libfabric": "#2ca02c",
 	"sockperf-udp": "#9467bd", "sockperf-tcp": "#8c564b",
 	"iperf3-tcp": "#17becf", "iperf3-udp": "#bcbd22",
 }
 
-var spareColors = []string{"#e377c2", "#aec7e8", "#98df8a", "#ff9896", "#c5b0d5"}
+var spareColors = []string{"#aec7e8", "#98df8a", "#ff9896", "#c5b0d5"}
 
 // gpString quotes s for gnuplot (double quotes: \n is a newline).
 func gpString(s string) string {

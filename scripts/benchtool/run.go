@@ -264,6 +264,7 @@ type pair struct {
 type runOut struct {
 	Stdout, Stderr string
 	Command        string // the client's command line
+	Server         string // what the server printed (stdout, then stderr) by the end of the run
 }
 
 // All is stdout then stderr (for tools that mix their report into both).
@@ -299,6 +300,7 @@ func (e *Env) runPair(pr pair) (runOut, error) {
 	start := time.Now()
 	<-cli.done
 	ro.Stdout, ro.Stderr = cli.stdout.String(), cli.stderr.String()
+	ro.Server = srv.stdout.String() + srv.stderr.String()
 	if e.ctx.Err() != nil {
 		return ro, e.ctx.Err()
 	}

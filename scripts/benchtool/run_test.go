@@ -84,12 +84,13 @@ func TestXMXSystemContract(t *testing.T) {
 	script := `#!/bin/sh
 # A fake xmx following the contract in xmxSystems (systems.go).
 sub=$1; shift
-size=0; busy=no; once=no; json=no; peer=""; umem=no; gather=auto
+size=0; busy=no; once=no; json=no; peer=""; umem=no; gather=auto; link=afxdp
 while [ $# -gt 0 ]; do
   case $1 in
   -sizes) size=$2; shift ;;
   -n|-time|-i) shift ;;
   -busy) busy=yes ;;
+  -link) link=$2; [ -z "$FAKE_XMX_IGNORE_LINK" ] || link=afxdp; shift ;;
   -umem) [ "$sub" = stream ] || { echo "flag provided but not defined: -umem" >&2; exit 2; }; umem=yes ;;
   -umem-gather) [ $umem = yes ] || { echo "-umem-gather before -umem" >&2; exit 2; }; gather=$2; shift ;;
   -once) once=yes ;;
@@ -101,7 +102,7 @@ while [ $# -gt 0 ]; do
 done
 if [ -z "$peer" ]; then
   [ $once = yes ] || { echo "server without -once" >&2; exit 2; }
-  echo "xmx server: endpoint h2:0 on eth0 (afxdp copy), waiting for clients (Ctrl-C ends)" >&2
+  echo "xmx server: endpoint h2:0 on eth0 ($link copy), waiting for clients (Ctrl-C ends)" >&2
   sleep 0.2; exit 0
 fi
 [ "$peer" = h2 ] && [ "$XMX_HOSTNAME" = h1 ] && [ $json = yes ] || { echo "bad client: peer=$peer host=$XMX_HOSTNAME" >&2; exit 2; }
@@ -122,7 +123,7 @@ echo "done" >&2
 	}
 	e := fakeEnv(t)
 	bin := func() (string, error) { return fake, nil }
-	spin := xmxSystem(bin, "xmx-spin", "busy-poll", "-busy", false)
+	spin := xmxSystem(bin, xmxRow{name: "xmx-spin", mode: "busy-poll", flag: "-busy"})
 	s, err := spin.Measure(e, Latency, 1, 64)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +131,7 @@ echo "done" >&2
 	if s.P50us == nil || *s.P50us != 2.5 || *s.P99us != 9.5 || s.MBps != nil || s.SizeUsed != 64 {
 		t.Errorf("pingpong sample: %+v", s)
 	}
-	s, err = xmxSystem(bin, "xmx-poll", "blocking", "", false).Measure(e, Latency, 1, 8)
+	s, err = xmxSystem(bin, xmxRow{name: "xmx-poll", mode: "blocking"}).Measure(e, Latency, 1, 8)
 	if err != nil || *s.P50us != 5.5 {
 		t.Errorf("blocking pingpong: %+v %v", s, err)
 	}
@@ -140,7 +141,7 @@ echo "done" >&2
 	}
 
 	// The UMEM rows: xmx stream -umem, bandwidth only.
-	spinUMEM := xmxSystem(bin, "xmx-spin-umem", "busy-poll", "-busy", true)
+	spinUMEM := xmxSystem(bin, xmxRow{name: "xmx-spin-umem", mode: "busy-poll", flag: "-busy", umem: true})
 	if got := spinUMEM.Data.Metrics; len(got) != 1 || got[0] != Bandwidth {
 		t.Errorf("umem row metrics %v, want bandwidth only", got)
 	}
@@ -149,7 +150,7 @@ echo "done" >&2
 		t.Errorf("umem stream sample: %+v %v", s, err)
 	}
 	t.Setenv("FAKE_XMX_COPY", "1")
-	s, err = xmxSystem(bin, "xmx-poll-umem", "blocking", "", true).Measure(e, Bandwidth, 1, 65536)
+	s, err = xmxSystem(bin, xmxRow{name: "xmx-poll-umem", mode: "blocking", umem: true}).Measure(e, Bandwidth, 1, 65536)
 	if err != nil || *s.MBps != 888.5 || s.Extra["umem_zero_copy"] != 0 {
 		t.Errorf("umem stream with a copy: %+v %v", s, err)
 	}
@@ -170,17 +171,36 @@ echo "done" >&2
 	}
 	// A non-umem row must not pass -umem (the fake's pingpong rejects it;
 	// its plain stream answers without "umem").
-	s, err = xmxSystem(bin, "xmx-poll", "blocking", "", false).Measure(e, Bandwidth, 1, 65536)
+	s, err = xmxSystem(bin, xmxRow{name: "xmx-poll", mode: "blocking"}).Measure(e, Bandwidth, 1, 65536)
 	if err != nil || *s.MBps != 777.5 {
 		t.Errorf("plain stream: %+v %v", s, err)
 	}
+
+	// The AF_PACKET row passes -link afpacket to both sides, and fails
+	// when the server does not say it opened that link.
+	pkt := xmxSystem(bin, xmxRow{name: "xmx-spin-afpacket", mode: "busy-poll", flag: "-busy", link: "afpacket"})
+	for _, metric := range []string{Latency, Bandwidth} {
+		s, err = pkt.Measure(e, metric, 1, 65536)
+		if err != nil || (s.P50us == nil && s.MBps == nil) {
+			t.Errorf("afpacket %s: %+v %v", metric, s, err)
+		}
+	}
+	if !strings.Contains(pkt.Data.Label, "AF_PACKET") {
+		t.Errorf("afpacket row label %q", pkt.Data.Label)
+	}
+	t.Setenv("FAKE_XMX_IGNORE_LINK", "1")
+	var te *toolError
+	if _, err := pkt.Measure(e, Latency, 1, 8); !errors.As(err, &te) || !strings.Contains(te.Msg, "does not say it opened AF_PACKET") {
+		t.Errorf("afpacket row, server on AF_XDP: %v", err)
+	}
+	t.Setenv("FAKE_XMX_IGNORE_LINK", "")
 
 	rows := map[string][]string{}
 	for _, x := range xmxSystems(bin) {
 		rows[x.Data.Name] = x.Data.Metrics
 	}
 	for name, want := range map[string]string{"xmx-spin": "latency,bandwidth", "xmx-poll": "latency,bandwidth",
-		"xmx-spin-umem": "bandwidth", "xmx-poll-umem": "bandwidth"} {
+		"xmx-spin-umem": "bandwidth", "xmx-poll-umem": "bandwidth", "xmx-spin-afpacket": "latency,bandwidth"} {
 		if got := strings.Join(rows[name], ","); got != want {
 			t.Errorf("%s metrics %q, want %q", name, got, want)
 		}
@@ -201,7 +221,7 @@ esac
 		t.Fatal(err)
 	}
 	e := fakeEnv(t)
-	_, err := xmxSystem(func() (string, error) { return fake, nil }, "xmx-spin-umem", "busy-poll", "-busy", true).Measure(e, Bandwidth, 1, 65536)
+	_, err := xmxSystem(func() (string, error) { return fake, nil }, xmxRow{name: "xmx-spin-umem", mode: "busy-poll", flag: "-busy", umem: true}).Measure(e, Bandwidth, 1, 65536)
 	var te *toolError
 	if !errors.As(err, &te) || !strings.Contains(te.Msg, `"umem":true`) {
 		t.Errorf("got %v", err)

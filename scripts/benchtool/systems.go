@@ -569,13 +569,29 @@ func exportRev(e *Env, rev, dir string) (string, error) {
 //	not measure are omitted. A non-zero exit status means failure, and
 //	stderr says why. With -umem, each object says "umem":true, and stderr
 //	says "with a copy" when the link cannot send the lent buffer in place.
+//
+// The xmx-spin-afpacket row is xmx busy-poll over its AF_PACKET link
+// (-link afpacket on both sides) instead of AF_XDP: on veth, where AF_XDP
+// runs in copy mode, that link moves large frames with fewer copies; the
+// row shows what a user gains or loses by choosing it.
 func xmxSystems(xmxBin func() (string, error)) []*System {
 	return []*System{
-		xmxSystem(xmxBin, "xmx-spin", "busy-poll", "-busy", false),
-		xmxSystem(xmxBin, "xmx-poll", "blocking (adaptive poll)", "", false),
-		xmxSystem(xmxBin, "xmx-spin-umem", "busy-poll", "-busy", true),
-		xmxSystem(xmxBin, "xmx-poll-umem", "blocking (adaptive poll)", "", true),
+		xmxSystem(xmxBin, xmxRow{name: "xmx-spin", mode: "busy-poll", flag: "-busy"}),
+		xmxSystem(xmxBin, xmxRow{name: "xmx-poll", mode: "blocking (adaptive poll)"}),
+		xmxSystem(xmxBin, xmxRow{name: "xmx-spin-umem", mode: "busy-poll", flag: "-busy", umem: true}),
+		xmxSystem(xmxBin, xmxRow{name: "xmx-poll-umem", mode: "blocking (adaptive poll)", umem: true}),
+		xmxSystem(xmxBin, xmxRow{name: "xmx-spin-afpacket", mode: "busy-poll", flag: "-busy", link: "afpacket"}),
 	}
+}
+
+// xmxRow describes one xmx row: its name, its progress mode ("busy-poll"
+// with flag "-busy", or blocking with no flag), whether it streams from a
+// buffer lent from the UMEM, and the link kind it asks for ("": xmx's
+// default, AF_XDP; "afpacket": -link afpacket on both sides).
+type xmxRow struct {
+	name, mode, flag string
+	umem             bool
+	link             string
 }
 
 // umemCopied reports whether xmx stream -umem said (stderr) that the link
@@ -593,11 +609,17 @@ func umemCopied(stderr string) bool {
 	return false
 }
 
-// xmxSystem is one xmx row following the contract above: mode "busy-poll"
-// with flag "-busy", or "blocking" with no flag. A umem row runs only the
-// bandwidth metric, with xmx stream -umem (the client sends from a buffer
-// lent from its UMEM); xmx pingpong has no such mode, so it has no latency.
-func xmxSystem(xmxBin func() (string, error), name, mode, flag string, umem bool) *System {
+// xmxSystem is one xmx row following the contract above. A umem row runs
+// only the bandwidth metric, with xmx stream -umem (the client sends from a
+// buffer lent from its UMEM); xmx pingpong has no such mode, so it has no
+// latency. A row with a link kind checks that the server says it opened
+// that kind: xmx would not fall back from an explicit choice, but a row
+// must not report AF_XDP's figures under another name.
+func xmxSystem(xmxBin func() (string, error), row xmxRow) *System {
+	name, mode, flag, umem := row.name, row.mode, row.flag, row.umem
+	if row.link != "" {
+		flag = strings.TrimSpace(flag + " -link " + row.link)
+	}
 	d := &SystemData{
 		Name: name, Side: SideXMX, Label: "xmx " + mode,
 		Tool: "xmx pingpong -i eth0 " + flag + " -once (server) / xmx pingpong|stream -i eth0 " + flag +
@@ -615,16 +637,17 @@ func xmxSystem(xmxBin func() (string, error), name, mode, flag string, umem bool
 			"extra.umem_zero_copy is 1 when the link sent the lent buffer where it lies, 0 when xmx stream said it copies it into its frames",
 		}
 	}
+	if row.link != "" {
+		d.Label = "xmx " + mode + " over its " + linkLabel(row.link) + " link"
+		d.Notes = append(d.Notes, "-link "+row.link+" on both sides: xmx's "+linkLabel(row.link)+" link instead of AF_XDP (the server's stderr must name it)")
+	}
 	s := &System{Data: d, Limit: func(string, int) string { return "" }}
 	s.Measure = func(e *Env, metric string, round, size int) (Sample, error) {
 		bin, err := xmxBin()
 		if err != nil {
 			return Sample{}, &toolError{Tool: "xmx", Command: "go build ./cmd/xmx", Msg: err.Error()}
 		}
-		common := []string{"-i", e.Iface}
-		if flag != "" {
-			common = append(common, flag)
-		}
+		common := append([]string{"-i", e.Iface}, strings.Fields(flag)...)
 		sub, n := "pingpong", latIters(size, e.Quick)
 		client := append([]string{bin, sub}, common...)
 		client = append(client, "-sizes", strconv.Itoa(size), "-n", strconv.Itoa(n))
@@ -655,6 +678,10 @@ func xmxSystem(xmxBin func() (string, error), name, mode, flag string, umem bool
 			Ready:     Readiness{Line: "waiting for clients"}, Limit: 30 * time.Second})
 		if err != nil {
 			return Sample{}, err
+		}
+		if row.link != "" && !strings.Contains(ro.Server, "("+row.link+" ") {
+			return Sample{}, &toolError{Tool: "xmx " + sub, Command: ro.Command,
+				Msg: fmt.Sprintf("-link %s given but the server does not say it opened %s", row.link, linkLabel(row.link)), Stderr: tail(ro.All(), 8)}
 		}
 		pts, err := parseXMXJSON([]byte(ro.Stdout))
 		if err != nil {
@@ -700,6 +727,14 @@ func xmxSystem(xmxBin func() (string, error), name, mode, flag string, umem bool
 		return Sample{}, &toolError{Tool: "xmx " + sub, Command: ro.Command, Msg: fmt.Sprintf("no %s result for size %d", metric, size), Stderr: tail(ro.All(), 8)}
 	}
 	return s
+}
+
+// linkLabel names a link kind as the tables say it.
+func linkLabel(kind string) string {
+	if kind == "afpacket" {
+		return "AF_PACKET"
+	}
+	return kind
 }
 
 // newestSource returns a non-test Go file of the module (outside scripts/)
