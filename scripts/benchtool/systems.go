@@ -681,7 +681,7 @@ func xmxSystem(xmxBin func() (string, error), row xmxRow) *System {
 		}
 		if row.link != "" && !strings.Contains(ro.Server, "("+row.link+" ") {
 			return Sample{}, &toolError{Tool: "xmx " + sub, Command: ro.Command,
-				Msg: fmt.Sprintf("-link %s given but the server does not say it opened %s", row.link, linkLabel(row.link)), Stderr: tail(ro.All(), 8)}
+				Msg: fmt.Sprintf("-link %s given but the server does not say it opened %s", row.link, linkLabel(row.link)), Stderr: "[server] " + tail(ro.Server, 4)}
 		}
 		pts, err := parseXMXJSON([]byte(ro.Stdout))
 		if err != nil {
