@@ -207,13 +207,16 @@ func floorLinks(b *testing.B, lab *netlab.Lab, spin bool) (la, lb xdp.Link) {
 	return links[0], links[1]
 }
 
-// labWorld2 is labWorld on an existing lab.
-func labWorld2(tb testing.TB, lab *netlab.Lab) world {
+// labWorld2 is labWorld on an existing lab, over AF_XDP.
+func labWorld2(tb testing.TB, lab *netlab.Lab) world { return labWorldOf(tb, lab, "afxdp") }
+
+// labWorldOf is labWorld on an existing lab, over links of kind.
+func labWorldOf(tb testing.TB, lab *netlab.Lab, kind string) world {
 	return world{
-		name: "afxdp lab " + lab.Name,
+		name: kind + " lab " + lab.Name,
 		open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
 			cfg.Interface = lab.Hosts[host].Interface
-			cfg.LinkKind = "afxdp"
+			cfg.LinkKind = kind
 			var e *msglayer.Endpoint
 			if err := lab.Hosts[host].Do(func() (err error) { e, err = msglayer.Open(cfg); return }); err != nil {
 				t.Fatalf("open endpoint on %s: %v", lab.Hosts[host].Name, err)

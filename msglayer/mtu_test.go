@@ -48,15 +48,24 @@ func exchangeAll(t *testing.T, a, b *msglayer.Endpoint) {
 // TestMTUs runs every message class and one-sided operations over AF_XDP
 // at MTU 1500, at veth's native-XDP limit (3506), with jumbo frames
 // (9000, multi-buffer) and at veth's largest MTU (65535: 17 UMEM frames per
-// frame, and a 32 KiB medium message in one).
+// frame, and a 32 KiB medium message in one); and over AF_PACKET, which
+// the README recommends for bulk transfers on veth at jumbo MTUs, at 9000
+// and 65535.
 func TestMTUs(t *testing.T) {
-	for _, mtu := range []int{1500, 3506, 9000, 65535} {
-		t.Run(fmt.Sprint(mtu), func(t *testing.T) {
-			w := labWorld2(t, netlab.New(t, netlab.Options{Hosts: 2, MTU: mtu}))
+	for _, tc := range []struct {
+		kind string
+		mtu  int
+	}{{"afxdp", 1500}, {"afxdp", 3506}, {"afxdp", 9000}, {"afxdp", 65535}, {"afpacket", 9000}, {"afpacket", 65535}} {
+		t.Run(fmt.Sprintf("%s/%d", tc.kind, tc.mtu), func(t *testing.T) {
+			w := labWorldOf(t, netlab.New(t, netlab.Options{Hosts: 2, MTU: tc.mtu}), tc.kind)
 			a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
 			exchangeAll(t, a, b)
-			if info, _ := a.LinkInfo(); mtu > 3506 && !bytes.Contains([]byte(info.Mode), []byte("sg")) {
-				t.Errorf("MTU %d link mode %q: want multi-buffer (sg)", mtu, info.Mode)
+			info, _ := a.LinkInfo()
+			if info.Kind != tc.kind {
+				t.Errorf("link kind %q, want %q", info.Kind, tc.kind)
+			}
+			if tc.kind == "afxdp" && tc.mtu > 3506 && !bytes.Contains([]byte(info.Mode), []byte("sg")) {
+				t.Errorf("MTU %d link mode %q: want multi-buffer (sg)", tc.mtu, info.Mode)
 			}
 		})
 	}
