@@ -291,25 +291,15 @@ func (c *mcConfig) mcOpen(id uint8) (*msglayer.Endpoint, error) {
 	return msglayer.Open(cfg)
 }
 
-// endpointConfig is endpoint id's msglayer configuration from the flags
-// (Interface empty when -i was not given).
+// endpointConfig is endpoint id's msglayer configuration: the endpoint
+// flags' (endpointFlags.config), with the experiment's protocol bounds.
 func (c *mcConfig) endpointConfig(id uint8) msglayer.Config {
-	ef := c.ef
-	return msglayer.Config{
-		Interface:           ef.iface,
-		LinkKind:            ef.link,
-		EndpointID:          id,
-		Key:                 uint32(ef.key),
-		BusyPoll:            ef.busy,
-		SpinBeforeSleep:     ef.spin.config(),
-		Hostname:            ef.hostname,
-		RendezvousThreshold: c.rndv,
-		UnexpectedBytes:     c.unexp,
-		MinRTO:              c.minRTO,
-		PullBlocks:          c.pullBlocks,
-		UMEMBufferBytes:     ef.umemBytes,
-		UMEMGather:          ef.umemGather,
-	}
+	cfg := c.ef.config(id)
+	cfg.RendezvousThreshold = c.rndv
+	cfg.UnexpectedBytes = c.unexp
+	cfg.MinRTO = c.minRTO
+	cfg.PullBlocks = c.pullBlocks
+	return cfg
 }
 
 // mcLink describes the link in a report.

@@ -171,6 +171,23 @@ func defaultInterface() (string, error) {
 	return up[0], nil
 }
 
+// config is the msglayer configuration of endpoint id that the flags
+// describe: every endpoint flag goes through here, so that none is parsed
+// and then dropped (Interface is empty when -i was not given).
+func (f *endpointFlags) config(id uint8) msglayer.Config {
+	return msglayer.Config{
+		Interface:       f.iface,
+		LinkKind:        f.link,
+		EndpointID:      id,
+		Key:             uint32(f.key),
+		BusyPoll:        f.busy,
+		SpinBeforeSleep: f.spin.config(),
+		Hostname:        f.hostname,
+		UMEMBufferBytes: f.umemBytes,
+		UMEMGather:      f.umemGather,
+	}
+}
+
 // open opens the endpoint the flags describe.
 func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
 	if err := requireRoot("this command"); err != nil {
@@ -185,18 +202,7 @@ func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
 	if _, err := net.InterfaceByName(f.iface); err != nil {
 		return nil, fmt.Errorf("-i %s: no such interface (see ip link)", f.iface)
 	}
-	e, err := msglayer.Open(msglayer.Config{
-		Interface:       f.iface,
-		LinkKind:        f.link,
-		EndpointID:      uint8(f.ep),
-		Key:             uint32(f.key),
-		BusyPoll:        f.busy,
-		SpinBeforeSleep: f.spin.config(),
-		Hostname:        f.hostname,
-
-		UMEMBufferBytes: f.umemBytes,
-		UMEMGather:      f.umemGather,
-	})
+	e, err := msglayer.Open(f.config(uint8(f.ep)))
 	if err != nil {
 		return nil, err
 	}
