@@ -33,6 +33,7 @@ type engine struct {
 	prober  xdp.IdleProber   // nil if the link cannot tell it is idle without a syscall
 	builder xdp.FrameBuilder // nil if the link cannot build frames in place
 	gather  xdp.BufferLink   // nil if the link cannot send from lent buffers
+	tails   xdp.TailSender   // nil if the link's kernel cannot read tails where they lie
 	// lendsBuffers: the link has a buffer area for AllocBuffer. Set
 	// before the background goroutine starts, read-only after.
 	lendsBuffers bool
@@ -226,6 +227,24 @@ func (b *txBuilder) Gather(i int, buf []byte) (int, xdp.Span) {
 	return b.Build(i, buf), xdp.Span{}
 }
 
+// minTail is the shortest pull reply payload a TailSender is given as a
+// tail rather than copied behind the headers: below it, the copy costs
+// less than the kernel's walk of a second iovec.
+const minTail = 256
+
+// Tail builds frame i for a TailSender, leaving the data of a pull reply
+// where it lies when it is one piece of a segment of the send: the kernel
+// copies it from there. The send is pinned until the flush ends.
+func (b *txBuilder) Tail(i int, buf []byte) (int, []byte) {
+	e := &b.frames[i]
+	if e.buf == nil && e.n >= minTail {
+		if tail := segSpan(e.r.segs, int(e.off), int(e.n)); tail != nil {
+			return b.header(e, buf), tail
+		}
+	}
+	return b.Build(i, buf), nil
+}
+
 // build writes pull reply e into buf. The request is pinned, so its data
 // stays in place even though the engine lock is not held.
 func (b *txBuilder) build(e *txEntry, buf []byte) int {
@@ -285,6 +304,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	g.prober, _ = base.(xdp.IdleProber)
 	g.builder, _ = base.(xdp.FrameBuilder)
 	g.gather, _ = base.(xdp.BufferLink)
+	g.tails, _ = base.(xdp.TailSender)
 	if t, ok := base.(interface{ TraceSide() int }); ok {
 		g.traceSide = t.TraceSide()
 	}
@@ -430,6 +450,9 @@ func (g *engine) flushAndUnlock() {
 		if g.lendsBuffers {
 			// Pull replies from a lent buffer may leave where the data lies.
 			g.gather.SendGather(len(g.txSending), &g.txb)
+		} else if g.tails != nil {
+			// Pull replies' data is read by the kernel where it lies.
+			g.tails.SendTails(len(g.txSending), &g.txb)
 		} else if g.builder != nil {
 			g.builder.SendBuilt(len(g.txSending), &g.txb)
 		} else {

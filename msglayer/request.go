@@ -121,6 +121,22 @@ func copyFromSegs(dst []byte, segs [][]byte, off int) int {
 	return n
 }
 
+// segSpan returns the n bytes at offset off of segs when they lie in one
+// segment, else nil.
+func segSpan(segs [][]byte, off, n int) []byte {
+	for _, s := range segs {
+		if off >= len(s) {
+			off -= len(s)
+			continue
+		}
+		if len(s)-off < n {
+			return nil
+		}
+		return s[off : off+n : off+n]
+	}
+	return nil
+}
+
 // copyToSegs copies src into segs starting at offset off, as far as segs
 // reach, and returns how many bytes it copied.
 func copyToSegs(segs [][]byte, off int, src []byte) int {

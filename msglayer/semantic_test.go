@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +31,11 @@ type world struct {
 }
 
 func memWorld(t *testing.T, mc xdp.MemConfig) world {
+	return memWorldOf(t, mc, func(l *xdp.MemLink) xdp.Link { return l })
+}
+
+// memWorldOf is memWorld with the endpoints opened on wrap(link).
+func memWorldOf(t *testing.T, mc xdp.MemConfig, wrap func(*xdp.MemLink) xdp.Link) world {
 	hub := xdp.NewHub(mc)
 	links := []*xdp.MemLink{hub.Attach(), hub.Attach()}
 	t.Cleanup(func() {
@@ -37,10 +43,11 @@ func memWorld(t *testing.T, mc xdp.MemConfig) world {
 			l.Close()
 		}
 	})
+	given := []xdp.Link{wrap(links[0]), wrap(links[1])}
 	return world{
 		name: "mem " + links[0].Info().Mode,
 		open: func(t testing.TB, host int, cfg msglayer.Config) *msglayer.Endpoint {
-			cfg.Link = links[host]
+			cfg.Link = given[host]
 			return openEP(t, cfg)
 		},
 		cut: func(t testing.TB, host int) { links[host].Partition(true) },
@@ -182,6 +189,68 @@ func TestSemanticMemIdeal(t *testing.T) { runSemantic(t, memWorld(t, xdp.MemConf
 
 func TestSemanticMemFaults(t *testing.T) {
 	runSemantic(t, memWorld(t, xdp.MemConfig{Loss: 0.05, Reorder: 0.05, Duplicate: 0.01, Seed: 3}))
+}
+
+// TestSemanticMemTails runs the suite over in-memory links that send the
+// way AF_PACKET does: pull replies' data goes to the link as a tail read
+// from the sender's memory (xdp.TailSender), not copied into the frame.
+func TestSemanticMemTails(t *testing.T) {
+	var links []*tailLink
+	runSemantic(t, memWorldOf(t, xdp.MemConfig{Loss: 0.05, Reorder: 0.05, Duplicate: 0.01, Seed: 5}, func(l *xdp.MemLink) xdp.Link {
+		tl := &tailLink{m: l}
+		links = append(links, tl)
+		return tl
+	}))
+	var tailed uint64
+	for _, l := range links {
+		tailed += l.tailed.Load()
+	}
+	if tailed == 0 {
+		t.Error("no frame was sent with a tail")
+	}
+	t.Logf("%d frames sent with a tail", tailed)
+}
+
+// tailLink is an in-memory link that shows msglayer the interfaces of an
+// AF_PACKET link (no BufferLink, no IdleProber) and counts the frames
+// sent with a tail.
+type tailLink struct {
+	m      *xdp.MemLink
+	tailed atomic.Uint64
+	ctr    tailCounter // of the SendTails call under way (msglayer's flusher)
+}
+
+func (l *tailLink) Send(f [][]byte) (int, error) { return l.m.Send(f) }
+func (l *tailLink) Recv(b [][]byte, s []int, d time.Duration) (int, error) {
+	return l.m.Recv(b, s, d)
+}
+func (l *tailLink) HardwareAddr() net.HardwareAddr { return l.m.HardwareAddr() }
+func (l *tailLink) MTU() int                       { return l.m.MTU() }
+func (l *tailLink) Info() xdp.Info                 { return l.m.Info() }
+func (l *tailLink) Stats() xdp.Stats               { return l.m.Stats() }
+func (l *tailLink) Close() error                   { return l.m.Close() }
+func (l *tailLink) Wake()                          { l.m.Wake() }
+func (l *tailLink) RecvVisit(n int, d time.Duration, v xdp.Visitor) (int, error) {
+	return l.m.RecvVisit(n, d, v)
+}
+func (l *tailLink) SendBuilt(n int, b xdp.Builder) (int, error) { return l.m.SendBuilt(n, b) }
+func (l *tailLink) SendTails(n int, t xdp.Tailer) (int, error) {
+	l.ctr = tailCounter{t, &l.tailed}
+	return l.m.SendTails(n, &l.ctr)
+}
+
+// tailCounter counts the frames given a tail.
+type tailCounter struct {
+	xdp.Tailer
+	n *atomic.Uint64
+}
+
+func (c *tailCounter) Tail(i int, head []byte) (int, []byte) {
+	h, tail := c.Tailer.Tail(i, head)
+	if len(tail) > 0 {
+		c.n.Add(1)
+	}
+	return h, tail
 }
 
 func TestSemanticAFXDP(t *testing.T) { runSemantic(t, labWorld(t, "afxdp")) }

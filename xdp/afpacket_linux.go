@@ -105,9 +105,11 @@ type AFPacketLink struct {
 	// RecvVisit.
 	rxVisit []byte
 
-	// txMu serialises Send and guards the transmit arrays, laid out like
-	// the receive ones, with txIov[i].Base pointing at the caller's frames
-	// during a Send.
+	// txMu serialises Send and guards the transmit arrays: txMsgs[i]
+	// points at txIov[2i], and at txIov[2i+1] too (Iovlen 2) while
+	// SendTails sends a frame with a tail. During a Send txIov[2i].Base
+	// points at the caller's frame, during a SendTails txIov[2i+1].Base
+	// at the caller's tail; both are cleared before the call returns.
 	txMu   sync.Mutex
 	txMsgs []mmsghdr
 	txIov  []unix.Iovec
@@ -137,6 +139,7 @@ var (
 	_ WaitMeter    = (*AFPacketLink)(nil)
 	_ FrameBuilder = (*AFPacketLink)(nil)
 	_ FrameVisitor = (*AFPacketLink)(nil)
+	_ TailSender   = (*AFPacketLink)(nil)
 )
 
 // OpenAFPacket opens an AF_PACKET link on cfg.Interface. It needs
@@ -266,12 +269,12 @@ func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
 		rxMsgs: make([]mmsghdr, batch),
 		rxIov:  make([]unix.Iovec, batch),
 		txMsgs: make([]mmsghdr, batch),
-		txIov:  make([]unix.Iovec, batch),
+		txIov:  make([]unix.Iovec, 2*batch),
 	}
 	for i := range batch {
 		l.rxMsgs[i].Hdr.Iov = &l.rxIov[i]
 		l.rxMsgs[i].Hdr.SetIovlen(1)
-		l.txMsgs[i].Hdr.Iov = &l.txIov[i]
+		l.txMsgs[i].Hdr.Iov = &l.txIov[2*i]
 		l.txMsgs[i].Hdr.SetIovlen(1)
 	}
 	l.wk.fd = wk.fd
@@ -376,13 +379,13 @@ func (l *AFPacketLink) Send(frames [][]byte) (int, error) {
 				bad = err
 				break
 			}
-			l.txIov[k].Base = unsafe.SliceData(f)
-			l.txIov[k].SetLen(len(f))
+			l.txIov[2*k].Base = unsafe.SliceData(f)
+			l.txIov[2*k].SetLen(len(f))
 			k++
 		}
 		m, err := l.sendBatch(k)
 		for i := range k {
-			l.txIov[i].Base = nil // do not pin the caller's frames
+			l.txIov[2*i].Base = nil // do not pin the caller's frames
 		}
 		sent += m
 		if err != nil {
@@ -423,8 +426,8 @@ func (l *AFPacketLink) SendBuilt(n int, b Builder) (int, error) {
 				bad = err
 				break
 			}
-			l.txIov[k].Base = unsafe.SliceData(buf)
-			l.txIov[k].SetLen(size)
+			l.txIov[2*k].Base = unsafe.SliceData(buf)
+			l.txIov[2*k].SetLen(size)
 			k++
 		}
 		m, err := l.sendBatch(k)
@@ -439,6 +442,74 @@ func (l *AFPacketLink) SendBuilt(n int, b Builder) (int, error) {
 	return sent, nil
 }
 
+// SendTails implements [TailSender]: a frame's head is built in the
+// link's buffers and its tail is a second iovec of the frame's message,
+// which the kernel copies from the caller's memory as it copies the head.
+// Waits, errors and counters are those of Send.
+func (l *AFPacketLink) SendTails(n int, t Tailer) (int, error) {
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	if l.closed.Load() {
+		return 0, l.opErr("send", net.ErrClosed)
+	}
+	if t == nil {
+		return 0, l.opErr("send", errNilTailer)
+	}
+	maxLen := l.mtu + EthHeaderLen
+	if n > 0 && l.txBuild == nil {
+		l.txBuild = make([]byte, l.batch*maxLen)
+	}
+	// Should Tail panic, Send and SendBuilt must still find one iovec per
+	// message.
+	defer l.dropTails(l.batch)
+	sent := 0
+	for sent < n {
+		k := 0
+		var bad error
+		for k < l.batch && sent+k < n {
+			buf := l.txBuild[k*maxLen : (k+1)*maxLen : (k+1)*maxLen]
+			size, tail := t.Tail(sent+k, buf)
+			if err := checkBuilt(size, maxLen); err != nil {
+				bad = err
+				break
+			}
+			if size+len(tail) > maxLen {
+				bad = ErrFrameTooLong
+				break
+			}
+			l.txIov[2*k].Base = unsafe.SliceData(buf)
+			l.txIov[2*k].SetLen(size)
+			if len(tail) > 0 {
+				l.txIov[2*k+1].Base = unsafe.SliceData(tail)
+				l.txIov[2*k+1].SetLen(len(tail))
+				l.txMsgs[k].Hdr.SetIovlen(2)
+			}
+			k++
+		}
+		m, err := l.sendBatch(k)
+		l.dropTails(k)
+		sent += m
+		if err != nil {
+			return sent, err
+		}
+		if bad != nil {
+			return sent, l.opErr("send", bad)
+		}
+	}
+	return sent, nil
+}
+
+// dropTails gives txMsgs[:k] back their single iovec, unpinning the
+// caller's tails. The caller holds txMu.
+func (l *AFPacketLink) dropTails(k int) {
+	for i := range k {
+		if l.txMsgs[i].Hdr.Iovlen == 2 {
+			l.txIov[2*i+1] = unix.Iovec{}
+			l.txMsgs[i].Hdr.SetIovlen(1)
+		}
+	}
+}
+
 // sendBatch sends txMsgs[:k] and returns how many went; it returns fewer
 // only with an error. The caller holds txMu.
 func (l *AFPacketLink) sendBatch(k int) (int, error) {
@@ -450,7 +521,10 @@ func (l *AFPacketLink) sendBatch(k int) (int, error) {
 		if r > 0 {
 			var bytes uint64
 			for i := done; i < done+r; i++ {
-				bytes += uint64(l.txIov[i].Len)
+				bytes += uint64(l.txIov[2*i].Len)
+				if l.txMsgs[i].Hdr.Iovlen == 2 {
+					bytes += uint64(l.txIov[2*i+1].Len)
+				}
 			}
 			l.txFrames.Add(uint64(r))
 			l.txBytes.Add(bytes)

@@ -33,6 +33,7 @@ var (
 	errNilBuilder  = errors.New("nil Builder")
 	errNilVisitor  = errors.New("nil Visitor")
 	errNilGatherer = errors.New("nil Gatherer")
+	errNilTailer   = errors.New("nil Tailer")
 )
 
 // txBatch counts the frames produced on the TX ring but not yet submitted.

@@ -140,6 +140,47 @@ type Builder interface {
 	Build(i int, buf []byte) int
 }
 
+// TailSender is implemented by links whose kernel copies each frame from
+// several pieces of memory during the send call (AF_PACKET's sendmmsg):
+// the tail of a frame is read where it lies, in the caller's memory,
+// saving the copy into link memory that SendBuilt makes. The AF_PACKET
+// and in-memory links implement it; AF_XDP, whose kernel reads only the
+// UMEM, does not (BufferLink is its way to the same end).
+type TailSender interface {
+	// SendTails is SendBuilt for frames made of a head built in link
+	// memory by t.Tail and a tail that Tail returns: frame i is head
+	// followed by tail, of at most MaxFrameLen bytes. The tail is read
+	// before SendTails returns and never after, so it must not change
+	// during the call and may be reused at once. Its calling rules, waits
+	// and errors are those of SendBuilt.
+	SendTails(n int, t Tailer) (int, error)
+}
+
+// Tailer writes the head of frame i of a SendTails call into head (link
+// memory of MaxFrameLen bytes) and returns its length and the frame's tail
+// (nil for none).
+type Tailer interface {
+	Tail(i int, head []byte) (int, []byte)
+}
+
+// tailCopy builds whole frames from a Tailer, for links that copy tails
+// behind their heads.
+type tailCopy struct {
+	t      Tailer
+	maxLen int
+}
+
+func (c *tailCopy) Build(i int, buf []byte) int {
+	n, tail := c.t.Tail(i, buf)
+	if len(tail) == 0 || checkBuilt(n, c.maxLen) != nil {
+		return n
+	}
+	if n+len(tail) > c.maxLen {
+		return n + len(tail) // refused as too long
+	}
+	return n + copy(buf[n:], tail)
+}
+
 // FrameVisitor is implemented by links that let the caller read received
 // frames in place (in the UMEM for AF_XDP), saving the copy Recv makes.
 // Every link of this package implements it.

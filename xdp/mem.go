@@ -369,11 +369,13 @@ type MemLink struct {
 	// wakeReq is set by Wake: the next Recv that would wait returns at once.
 	wakeReq atomic.Bool
 
-	// sendMu serialises Send and guards rng, gather and copier.
+	// sendMu serialises Send and guards rng, gather, tails and copier.
 	sendMu sync.Mutex
-	// gather adapts SendGather's Gatherer and copier Send's frames to
-	// sendBuiltLocked (kept here: no allocation per call).
+	// gather adapts SendGather's Gatherer, tails SendTails' Tailer and
+	// copier Send's frames to sendBuiltLocked (kept here: no allocation
+	// per call).
 	gather gatherCopy
+	tails  tailCopy
 	copier frameCopier
 	rng    *rand.Rand // fault-knob draws for the frames this link sends
 
@@ -399,6 +401,7 @@ var (
 	_ FrameBuilder = (*MemLink)(nil)
 	_ BufferLink   = (*MemLink)(nil)
 	_ FrameVisitor = (*MemLink)(nil)
+	_ TailSender   = (*MemLink)(nil)
 	_ IdleProber   = (*MemLink)(nil)
 )
 
@@ -480,6 +483,18 @@ func (l *MemLink) SendGather(n int, g Gatherer) (int, error) {
 	}
 	*c = gatherCopy{}
 	return sent, err
+}
+
+// SendTails implements [TailSender]: tails are copied behind their heads.
+func (l *MemLink) SendTails(n int, t Tailer) (int, error) {
+	if t == nil {
+		return 0, l.opErr("send", errNilTailer)
+	}
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	l.tails = tailCopy{t: t, maxLen: l.hub.mtu + EthHeaderLen}
+	defer func() { l.tails = tailCopy{} }()
+	return l.sendBuiltLocked(n, &l.tails)
 }
 
 // GatherZeroCopy implements [BufferLink]: the in-memory link copies.

@@ -70,6 +70,8 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("BuiltVisitedNoAllocs", func(t *testing.T) { testBuiltNoAllocs(t, mk, opts) })
 	// BufferLink.
 	t.Run("Gather", func(t *testing.T) { testGather(t, mk, opts) })
+	// TailSender.
+	t.Run("Tails", func(t *testing.T) { testTails(t, mk, opts) })
 }
 
 // How a burst moves its frames: with Send or SendBuilt, Recv or RecvVisit,
