@@ -232,12 +232,20 @@ func (b *txBuilder) Gather(i int, buf []byte) (int, xdp.Span) {
 // less than the kernel's walk of a second iovec.
 const minTail = 256
 
-// Tail builds frame i for a TailSender, leaving the data of a pull reply
-// where it lies when it is one piece of a segment of the send: the kernel
-// copies it from there. The send is pinned until the flush ends.
+// Tail builds frame i for a TailSender, leaving its bytes where they lie
+// for the kernel to copy from there: a pull reply's data when it is one
+// piece of a segment of the send (which is pinned until the flush ends),
+// and a frame built beforehand all but its Ethernet header (a window
+// slot's buffer is not reused while it is being sent, nor a scratch
+// frame's before the flush ends).
 func (b *txBuilder) Tail(i int, buf []byte) (int, []byte) {
 	e := &b.frames[i]
-	if e.buf == nil && e.n >= minTail {
+	switch {
+	case e.buf != nil:
+		if len(e.buf) >= xdp.EthHeaderLen+minTail {
+			return copy(buf, e.buf[:xdp.EthHeaderLen]), e.buf[xdp.EthHeaderLen:]
+		}
+	case e.n >= minTail:
 		if tail := segSpan(e.r.segs, int(e.off), int(e.n)); tail != nil {
 			return b.header(e, buf), tail
 		}
