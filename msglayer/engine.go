@@ -227,9 +227,9 @@ func (b *txBuilder) Gather(i int, buf []byte) (int, xdp.Span) {
 	return b.Build(i, buf), xdp.Span{}
 }
 
-// minTail is the shortest pull reply payload a TailSender is given as a
-// tail rather than copied behind the headers: below it, the copy costs
-// less than the kernel's walk of a second iovec.
+// minTail is the shortest tail a TailSender is given rather than a frame
+// copied whole into its memory: below it, the copy costs less than the
+// kernel's walk of a second iovec.
 const minTail = 256
 
 // Tail builds frame i for a TailSender, leaving its bytes where they lie
@@ -459,7 +459,8 @@ func (g *engine) flushAndUnlock() {
 			// Pull replies from a lent buffer may leave where the data lies.
 			g.gather.SendGather(len(g.txSending), &g.txb)
 		} else if g.tails != nil {
-			// Pull replies' data is read by the kernel where it lies.
+			// The kernel reads pull replies' data, and the frames
+			// built beforehand, where they lie (txBuilder.Tail).
 			g.tails.SendTails(len(g.txSending), &g.txb)
 		} else if g.builder != nil {
 			g.builder.SendBuilt(len(g.txSending), &g.txb)
