@@ -115,9 +115,11 @@ type AFPacketLink struct {
 	txIov  []unix.Iovec
 	txPoll [2]unix.PollFd // socket POLLOUT, eventfd POLLIN
 	txTs   unix.Timespec  // poll timeout of a Send waiting for room
-	// txBuild holds Batch frames of MaxFrameLen bytes, where SendBuilt has
-	// them built before one sendmmsg; allocated by the first SendBuilt.
+	// txBuild holds Batch frames of MaxFrameLen bytes, where SendBuilt and
+	// SendTails have them built before one sendmmsg; allocated by the
+	// first of them. txWhole is SendBuilt's Builder as a Tailer.
 	txBuild []byte
+	txWhole wholeFrames
 
 	// statsMu guards rxDropped, the sum of the PACKET_STATISTICS tp_drops
 	// read so far (the getsockopt resets the kernel counters), and the use
@@ -411,35 +413,9 @@ func (l *AFPacketLink) SendBuilt(n int, b Builder) (int, error) {
 	if b == nil {
 		return 0, l.opErr("send", errNilBuilder)
 	}
-	maxLen := l.mtu + EthHeaderLen
-	if n > 0 && l.txBuild == nil {
-		l.txBuild = make([]byte, l.batch*maxLen)
-	}
-	sent := 0
-	for sent < n {
-		k := 0
-		var bad error
-		for k < l.batch && sent+k < n {
-			buf := l.txBuild[k*maxLen : (k+1)*maxLen : (k+1)*maxLen]
-			size := b.Build(sent+k, buf)
-			if err := checkBuilt(size, maxLen); err != nil {
-				bad = err
-				break
-			}
-			l.txIov[2*k].Base = unsafe.SliceData(buf)
-			l.txIov[2*k].SetLen(size)
-			k++
-		}
-		m, err := l.sendBatch(k)
-		sent += m
-		if err != nil {
-			return sent, err
-		}
-		if bad != nil {
-			return sent, l.opErr("send", bad)
-		}
-	}
-	return sent, nil
+	l.txWhole = wholeFrames{b}
+	defer func() { l.txWhole = wholeFrames{} }()
+	return l.sendTailsLocked(n, &l.txWhole)
 }
 
 // SendTails implements [TailSender]: a frame's head is built in the
@@ -455,12 +431,22 @@ func (l *AFPacketLink) SendTails(n int, t Tailer) (int, error) {
 	if t == nil {
 		return 0, l.opErr("send", errNilTailer)
 	}
+	return l.sendTailsLocked(n, t)
+}
+
+// wholeFrames is a Builder as a Tailer: its frames have no tail.
+type wholeFrames struct{ b Builder }
+
+func (w *wholeFrames) Tail(i int, head []byte) (int, []byte) { return w.b.Build(i, head), nil }
+
+// sendTailsLocked sends n frames of t, up to Batch at a time in one
+// sendmmsg. The caller holds txMu.
+func (l *AFPacketLink) sendTailsLocked(n int, t Tailer) (int, error) {
 	maxLen := l.mtu + EthHeaderLen
 	if n > 0 && l.txBuild == nil {
 		l.txBuild = make([]byte, l.batch*maxLen)
 	}
-	// Should Tail panic, Send and SendBuilt must still find one iovec per
-	// message.
+	// Should Tail panic, Send must still find one iovec per message.
 	defer l.dropTails(l.batch)
 	sent := 0
 	for sent < n {

@@ -65,27 +65,16 @@ func testGather(t *testing.T, mk MakePair, opts Options) {
 	for i := range g.whole {
 		g.whole[i] = make([]byte, maxLen)
 	}
-	var seq uint64
 	sent, got := 0, 0
-	for size := xdp.MinFrameLen; size <= maxLen; {
-		n := 0
-		for ; n < batch && size <= maxLen; n++ {
-			f := frame(g.whole[n], dst, src, run, seq, size)
-			seq++
-			// Heads from a bare Ethernet header to most of the frame;
-			// every fourth frame has no tail.
-			head := xdp.EthHeaderLen + int(seq*53)%(size-xdp.EthHeaderLen)
-			if seq%4 == 0 {
-				head = size
-			}
-			off := n * stride
-			copy(buf.Bytes()[off:], f[head:])
-			g.specs[n] = gatherSpec{head: head}
-			if head < size {
-				g.specs[n].tail = xdp.Span{Buf: buf, Off: off, Len: size - head}
-			}
-			size += 1 + int(seq*7919)%97
+	splitFrames(maxLen, batch, func(n int, seq uint64, size, head int) {
+		f := frame(g.whole[n], dst, src, run, seq, size)
+		off := n * stride
+		copy(buf.Bytes()[off:], f[head:])
+		g.specs[n] = gatherSpec{head: head}
+		if head < size {
+			g.specs[n].tail = xdp.Span{Buf: buf, Off: off, Len: size - head}
 		}
+	}, func(n int) {
 		g.whole, g.specs = g.whole[:n], g.specs[:n]
 		if k, err := ab.SendGather(n, g); k != n || err != nil {
 			t.Fatalf("SendGather(%d) = %d, %v", n, k, err)
@@ -98,7 +87,7 @@ func testGather(t *testing.T, mk MakePair, opts Options) {
 			t.Fatalf("batch of %d gathered frames: received %d (%v)", n, len(seqs), seqs)
 		}
 		g.whole, g.specs = g.whole[:batch], g.specs[:batch]
-	}
+	})
 	t.Logf("%d gathered frames of %d..%d bytes sent, %d received intact", sent, xdp.MinFrameLen, maxLen, got)
 
 	// Refusals: the frames before the bad one go out, the call stops there.

@@ -50,25 +50,14 @@ func testTails(t *testing.T, mk MakePair, opts Options) {
 	for i := range tl.whole {
 		tl.whole[i] = make([]byte, maxLen)
 	}
-	var seq uint64
 	sent, got := 0, 0
-	for size := xdp.MinFrameLen; size <= maxLen; {
-		n := 0
-		for ; n < batch && size <= maxLen; n++ {
-			f := frame(tl.whole[n], dst, src, run, seq, size)
-			seq++
-			// Heads from a bare Ethernet header to the whole frame
-			// (every fourth frame has no tail).
-			head := xdp.EthHeaderLen + int(seq*53)%(size-xdp.EthHeaderLen)
-			if seq%4 == 0 {
-				head = size
-			}
-			tl.head[n], tl.tails[n] = head, nil
-			if head < size {
-				tl.tails[n] = append([]byte(nil), f[head:]...)
-			}
-			size += 1 + int(seq*7919)%97
+	splitFrames(maxLen, batch, func(n int, seq uint64, size, head int) {
+		f := frame(tl.whole[n], dst, src, run, seq, size)
+		tl.head[n], tl.tails[n] = head, nil
+		if head < size {
+			tl.tails[n] = append([]byte(nil), f[head:]...)
 		}
+	}, func(n int) {
 		if k, err := at.SendTails(n, tl); k != n || err != nil {
 			t.Fatalf("SendTails(%d) = %d, %v", n, k, err)
 		}
@@ -83,7 +72,7 @@ func testTails(t *testing.T, mk MakePair, opts Options) {
 		if !opts.Faults && len(seqs) != n {
 			t.Fatalf("batch of %d tailed frames: received %d intact (%v)", n, len(seqs), seqs)
 		}
-	}
+	})
 	t.Logf("%d tailed frames of %d..%d bytes sent, %d received intact", sent, xdp.MinFrameLen, maxLen, got)
 
 	// A plain Send right after a batch of tailed frames: each frame is
@@ -174,4 +163,26 @@ func testTails(t *testing.T, mk MakePair, opts Options) {
 		}
 	})
 	closeAll(t, p)
+}
+
+// splitFrames walks the frame sizes from MinFrameLen to maxLen in batches
+// of up to batch frames, each split into a head and a tail at a varying
+// point, from a bare Ethernet header to the whole frame (every fourth
+// frame has no tail). It calls each(n, seq, size, head) for the n-th frame
+// of a batch, then send(n) for the batch.
+func splitFrames(maxLen, batch int, each func(n int, seq uint64, size, head int), send func(n int)) {
+	var seq uint64
+	for size := xdp.MinFrameLen; size <= maxLen; {
+		n := 0
+		for ; n < batch && size <= maxLen; n++ {
+			seq++
+			head := xdp.EthHeaderLen + int(seq*53)%(size-xdp.EthHeaderLen)
+			if seq%4 == 0 {
+				head = size
+			}
+			each(n, seq-1, size, head)
+			size += 1 + int(seq*7919)%97
+		}
+		send(n)
+	}
 }
