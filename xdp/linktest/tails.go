@@ -77,19 +77,23 @@ func testTails(t *testing.T, mk MakePair, opts Options) {
 
 	// A plain Send right after a batch of tailed frames: each frame is
 	// its own bytes, nothing of an earlier tail.
-	t.Run("SendAfterTails", func(t *testing.T) {
+	// plainBatch sends batch plain frames of size bytes from A, after
+	// what, and checks they arrive whole at B.
+	plainBatch := func(t *testing.T, run uint32, size int, after string) {
+		t.Helper()
 		plain := make([][]byte, batch)
 		for i := range plain {
-			plain[i] = frame(make([]byte, 100), dst, src, run+1, uint64(i), 100)
+			plain[i] = frame(make([]byte, size), dst, src, run, uint64(i), size)
 		}
 		if k, err := p.A.Send(plain); k != batch || err != nil {
-			t.Fatalf("Send(%d) = %d, %v", batch, k, err)
+			t.Fatalf("Send(%d) after %s = %d, %v", batch, after, k, err)
 		}
-		seqs := collect(t, p.B, bv, src, run+1, batch, 2*time.Second)
+		seqs := collect(t, p.B, bv, src, run, batch, 2*time.Second)
 		if !opts.Faults && len(seqs) != batch {
-			t.Fatalf("%d plain frames after tailed ones: received %d intact (%v)", batch, len(seqs), seqs)
+			t.Fatalf("%d plain frames after %s: received %d intact (%v)", batch, after, len(seqs), seqs)
 		}
-	})
+	}
+	t.Run("SendAfterTails", func(t *testing.T) { plainBatch(t, run+1, 100, "tailed ones") })
 
 	// A Tailer that panics: the panic reaches the caller, and the link
 	// still sends plain frames whole.
@@ -110,17 +114,7 @@ func testTails(t *testing.T, mk MakePair, opts Options) {
 		}()
 		tl.panicAt = -1
 		collect(t, p.B, bv, src, run+2, 0, 100*time.Millisecond) // whatever left before the panic
-		plain := make([][]byte, batch)
-		for i := range plain {
-			plain[i] = frame(make([]byte, 80), dst, src, run+3, uint64(i), 80)
-		}
-		if k, err := p.A.Send(plain); k != batch || err != nil {
-			t.Fatalf("Send(%d) after the panic = %d, %v", batch, k, err)
-		}
-		seqs := collect(t, p.B, bv, src, run+3, batch, 2*time.Second)
-		if !opts.Faults && len(seqs) != batch {
-			t.Fatalf("%d plain frames after the panic: received %d intact (%v)", batch, len(seqs), seqs)
-		}
+		plainBatch(t, run+3, 80, "the panic")
 	})
 
 	// Refusals: the frames before the bad one go out, the call stops there.
