@@ -1,9 +1,11 @@
 // Command xmx is the user's tool for the xmx messaging stack.
 //
+//	xmx info [flags] [IFACE]      interfaces and their XDP abilities, counters of the open endpoints
 //	xmx pingpong [flags] [PEER]   latency per message size (server without PEER)
 //	xmx stream [flags] [PEER]     bandwidth with a window of messages in flight
 //	xmx linkbench [flags]         measure the links (AF_XDP, AF_PACKET, the asavie/xdp floor) in a veth lab
-//	xmx info [flags] [IFACE]      interfaces and their XDP abilities, counters of the open endpoints
+//	xmx regbench [flags]          registration vs memcpy vs pin-down cache hit (the seed's Fig. 6)
+//	xmx manyclients [flags]       one server, many client endpoints (the seed's Fig. 9)
 //
 // Run "xmx COMMAND -h" for the flags of a command.
 package main
@@ -12,6 +14,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 )
@@ -35,17 +38,22 @@ var commands = map[string]command{
 // errUsage marks errors in the command line (exit status 2).
 var errUsage = errors.New("usage")
 
-func usage() {
-	fmt.Fprintf(os.Stderr, "usage: xmx COMMAND [flags]\n\ncommands:\n")
+func usage() { writeUsage(os.Stderr) }
+
+// writeUsage lists the commands, their summaries in a column of their own.
+func writeUsage(w io.Writer) {
+	fmt.Fprintf(w, "usage: xmx COMMAND [flags]\n\ncommands:\n")
 	names := make([]string, 0, len(commands))
+	width := 0
 	for n := range commands {
 		names = append(names, n)
+		width = max(width, len(n))
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-*s  %s\n", width, n, commands[n].summary)
 	}
-	fmt.Fprintf(os.Stderr, "\nRun \"xmx COMMAND -h\" for the flags of a command.\n")
+	fmt.Fprintf(w, "\nRun \"xmx COMMAND -h\" for the flags of a command.\n")
 }
 
 func main() {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"github.com/xmx-stack/xmx/msglayer"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"time"
 
 	"github.com/xmx-stack/xmx/internal/netlab"
+	"github.com/xmx-stack/xmx/msglayer"
 )
 
 func TestParseSizes(t *testing.T) {
@@ -35,6 +35,35 @@ func TestParseSizes(t *testing.T) {
 		if _, err := parseSizes(bad.list, bad.start, bad.end, bad.mult); !errors.Is(err, errUsage) {
 			t.Errorf("parseSizes(%+v) = %v, want a usage error", bad, err)
 		}
+	}
+}
+
+// TestUsage checks that the command list names every command, with its
+// summary in one column however long the longest name.
+func TestUsage(t *testing.T) {
+	var b bytes.Buffer
+	writeUsage(&b)
+	col := -1
+	for name, c := range commands {
+		var line string
+		for l := range strings.Lines(b.String()) {
+			if strings.HasPrefix(l, "  "+name+" ") {
+				line = l
+			}
+		}
+		if line == "" {
+			t.Errorf("usage does not list %q:\n%s", name, b.String())
+			continue
+		}
+		at := strings.Index(line, c.summary)
+		if at < len("  "+name+" ") {
+			t.Errorf("usage line %q: no summary after the name", line)
+			continue
+		}
+		if col >= 0 && at != col {
+			t.Errorf("summary of %q starts at column %d, another at %d:\n%s", name, at, col, b.String())
+		}
+		col = at
 	}
 }
 
