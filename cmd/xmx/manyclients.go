@@ -530,16 +530,22 @@ type mcProc struct {
 	MaxRSSKiB    int64   `json:"max_rss_kib"`               // getrusage ru_maxrss
 	VmHWMKiB     int64   `json:"vm_hwm_kib"`                // /proc/self/status VmHWM
 	CPUs         float64 `json:"cpu_s"`                     // user + system CPU time
+	SysCPUs      float64 `json:"sys_cpu_s"`                 // of CPUs, the system (kernel) time
+	VolCtxSw     int64   `json:"voluntary_ctx_switches"`    // ru_nvcsw: the process blocked (slept)
+	InvolCtxSw   int64   `json:"involuntary_ctx_switches"`  // ru_nivcsw: the process was preempted
 	GoHeapMaxKiB uint64  `json:"go_heap_max_kib,omitempty"` // server: peak of the sampled live Go heap
 }
 
-// mcProcNow reads the process's peak resident set and CPU time.
+// mcProcNow reads the process's peak resident set, CPU time and context
+// switches.
 func mcProcNow() mcProc {
 	var p mcProc
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		p.MaxRSSKiB = ru.Maxrss
 		p.CPUs = time.Duration(syscall.TimevalToNsec(ru.Utime) + syscall.TimevalToNsec(ru.Stime)).Seconds()
+		p.SysCPUs = time.Duration(syscall.TimevalToNsec(ru.Stime)).Seconds()
+		p.VolCtxSw, p.InvolCtxSw = ru.Nvcsw, ru.Nivcsw
 	}
 	if f, err := os.Open("/proc/self/status"); err == nil {
 		defer f.Close()

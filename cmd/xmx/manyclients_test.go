@@ -166,5 +166,10 @@ func TestManyClientsEndToEnd(t *testing.T) {
 		if rep.Failed != 0 || rep.Unfinished != 0 || len(rep.Errors) != 0 {
 			t.Errorf("%v: %d failed, %d unfinished, errors %q", tc.flags, rep.Failed, rep.Unfinished, rep.Errors)
 		}
+		// The process waited for the server's answers at least once
+		// (connects, if nothing else): getrusage's counts reached the report.
+		if p := rep.Proc; p.CPUs <= 0 || p.SysCPUs <= 0 || p.SysCPUs > p.CPUs || p.VolCtxSw <= 0 || p.MaxRSSKiB <= 0 {
+			t.Errorf("%v: process figures %+v", tc.flags, p)
+		}
 	}
 }

@@ -81,6 +81,7 @@ type clients struct {
 type proc struct {
 	MaxRSSKiB    int64   `json:"max_rss_kib"`
 	CPUs         float64 `json:"cpu_s"`
+	VolCtxSw     int64   `json:"voluntary_ctx_switches"` // 0 in reports of xmx before they had it
 	GoHeapMaxKiB uint64  `json:"go_heap_max_kib"`
 }
 
@@ -120,6 +121,11 @@ type Point struct {
 	ServerHeapKiB uint64  `json:"server_go_heap_max_kib"`
 	ServerCPUs    float64 `json:"server_cpu_s"`
 	ClientsCPUs   float64 `json:"clients_cpu_s"`
+	// Sleeps per message delivered: the voluntary context switches of the
+	// server and of all client processes (each one a process that slept
+	// and was woken), 0 when the reports do not have them.
+	ServerSleepsPerMsg  float64 `json:"server_sleeps_per_msg"`
+	ClientsSleepsPerMsg float64 `json:"clients_sleeps_per_msg"`
 	// MBperCPUs is the payload delivered per CPU-second of the
 	// experiment's processes (server and clients, user + system; softirq
 	// time is not charged to them): goodput with the machine's other load
@@ -291,6 +297,7 @@ func point(dir string, n, round int) (Point, map[string]any, error) {
 	if s.Sources != n {
 		p.Errors = append(p.Errors, fmt.Sprintf("server heard from %d sources, want %d", s.Sources, n))
 	}
+	var clientSleeps int64
 	hist := map[uint64]uint64{}
 	perOct := 0
 	var cl clients
@@ -309,6 +316,7 @@ func point(dir string, n, round int) (Point, map[string]any, error) {
 		p.EagerConv += c.Counters.EagerConverted
 		p.MaxUs = max(p.MaxUs, c.MaxUs)
 		p.ClientsCPUs += c.Proc.CPUs
+		clientSleeps += c.Proc.VolCtxSw
 		p.Failed += c.Failed
 		p.Unfinished += c.Unfinished
 		p.StartLateS = max(p.StartLateS, c.StartLateS)
@@ -333,6 +341,10 @@ func point(dir string, n, round int) (Point, map[string]any, error) {
 	}
 	if cpu := p.ServerCPUs + p.ClientsCPUs; cpu > 0 {
 		p.MBperCPUs = float64(p.Bytes) / 1e6 / cpu
+	}
+	if p.Messages > 0 {
+		p.ServerSleepsPerMsg = float64(s.Proc.VolCtxSw) / float64(p.Messages)
+		p.ClientsSleepsPerMsg = float64(clientSleeps) / float64(p.Messages)
 	}
 	p.OtherCPU, p.Load1 = cpuOther(filepath.Join(dir, "cpu.txt"), p.ServerCPUs+p.ClientsCPUs)
 	cfg := map[string]any{
@@ -507,6 +519,8 @@ func medianPoint(ps []Point) Point {
 	m.ClientsCPUs = med(func(p Point) float64 { return p.ClientsCPUs })
 	m.OtherCPU = med(func(p Point) float64 { return p.OtherCPU })
 	m.MBperCPUs = med(func(p Point) float64 { return p.MBperCPUs })
+	m.ServerSleepsPerMsg = med(func(p Point) float64 { return p.ServerSleepsPerMsg })
+	m.ClientsSleepsPerMsg = med(func(p Point) float64 { return p.ClientsSleepsPerMsg })
 	m.Load1 = med(func(p Point) float64 { return p.Load1 })
 	m.UnexpMax = int(mx(func(p Point) float64 { return float64(p.UnexpMax) }))
 	m.MaxUs = mx(func(p Point) float64 { return p.MaxUs })
@@ -563,17 +577,19 @@ func table(w io.Writer, res *Results) {
 		fmt.Fprintf(w, "# %s\n", res.Note)
 	}
 	fmt.Fprintf(w, "# medians over %d round(s); goodput range min..max; retrans = data sent more than once (clients' estimate)\n", res.Summary[0].Rounds)
-	fmt.Fprintf(w, "%4s %8s %15s %6s %9s %7s %7s %8s %8s %9s %9s %8s %8s %6s %7s\n",
-		"N", "MB/s", "range", "wire%", "retransMB", "retr%", "refused", "p50 ms", "p99 ms", "unexpKiB", "drops", "RSS MiB", "heapMiB", "other", "MB/cpus")
+	fmt.Fprintf(w, "%4s %8s %15s %6s %9s %7s %7s %8s %8s %9s %9s %8s %8s %6s %7s %7s\n",
+		"N", "MB/s", "range", "wire%", "retransMB", "retr%", "refused", "p50 ms", "p99 ms", "unexpKiB", "drops", "RSS MiB", "heapMiB", "other", "MB/cpus", "slp/msg")
 	for _, s := range res.Summary {
-		fmt.Fprintf(w, "%4d %8.1f %7.0f..%-7.0f %6.2f %9.1f %7.2f %7d %8.2f %8.2f %9d %9d %8.1f %8.1f %5.0f%% %7.0f\n",
+		fmt.Fprintf(w, "%4d %8.1f %7.0f..%-7.0f %6.2f %9.1f %7.2f %7d %8.2f %8.2f %9d %9d %8.1f %8.1f %5.0f%% %7.0f %7.2f\n",
 			s.N, s.GoodputMBps, s.GoodputMin, s.GoodputMax, 100*s.WireEff, float64(s.RetransBytes)/1e6, s.RetransPct,
 			s.EagerRefused, s.P50us/1e3, s.P99us/1e3, s.UnexpMax/1024, s.RxDropped,
-			float64(s.ServerRSSKiB)/1024, float64(s.ServerHeapKiB)/1024, 100*s.OtherCPU, s.MBperCPUs)
+			float64(s.ServerRSSKiB)/1024, float64(s.ServerHeapKiB)/1024, 100*s.OtherCPU, s.MBperCPUs,
+			s.ServerSleepsPerMsg+s.ClientsSleepsPerMsg)
 	}
 	fmt.Fprintln(w, "# wire% = goodput / bytes the server's link received; drops = frames the server's socket lost (fill ring empty);")
 	fmt.Fprintln(w, "# other = share of the machine's CPU used by other processes during the point;")
-	fmt.Fprintln(w, "# MB/cpus = payload delivered per CPU-second of this experiment's processes (goodput with the other load taken out)")
+	fmt.Fprintln(w, "# MB/cpus = payload delivered per CPU-second of this experiment's processes (goodput with the other load taken out);")
+	fmt.Fprintln(w, "# slp/msg = times the server and client processes slept (voluntary context switches) per message delivered")
 	for _, t := range res.Targets {
 		verdict := "FAIL"
 		if t.Pass {
