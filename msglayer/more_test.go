@@ -730,6 +730,57 @@ func TestCloseSendsOwedAcks(t *testing.T) {
 	}
 }
 
+// TestDelayedAckAfterWait: a receiver whose Wait a message completed, and
+// which sends no answer to carry the ack, still acks it after AckDelay:
+// from its next Wait, or, if it makes none, from its background
+// goroutine. The sender's timeouts are far longer than the test, so its
+// send completes by that ack alone, never by a retransmission.
+func TestDelayedAckAfterWait(t *testing.T) {
+	for _, busy := range []bool{true, false} {
+		for _, again := range []bool{true, false} {
+			t.Run(fmt.Sprintf("busy=%v,waits-again=%v", busy, again), func(t *testing.T) {
+				w := memWorld(t, xdp.MemConfig{})
+				slow := time.Minute
+				a, b := w.pair(t, msglayer.Config{BusyPoll: busy, InitialRTO: slow, MinRTO: slow},
+					msglayer.Config{BusyPoll: busy, AckDelay: time.Millisecond, AckEvery: 64})
+				ctx := ctxFor(t, 10*time.Second)
+				never, _ := b.Irecv(99, ^uint64(0), nil, nil) // a message that never comes
+				defer b.Cancel(never)
+				for i := range 10 {
+					// b waits before the message leaves, so that its
+					// arrival is what completes the Wait.
+					r, _ := b.Irecv(uint64(i), ^uint64(0), nil, nil)
+					got := make(chan error, 1)
+					go func() { _, err := b.Wait(ctx, r); got <- err }()
+					time.Sleep(time.Millisecond)
+					s, err := a.Isend(b.Addr(), uint64(i), nil, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := <-got; err != nil {
+						t.Fatal(err)
+					}
+					wctx, stop := context.WithCancel(ctx)
+					if again {
+						go b.Wait(wctx, never) // b drives on
+					}
+					st, err := a.Wait(ctx, s)
+					stop()
+					if err != nil {
+						t.Fatalf("send %d: %+v, %v", i, st, err)
+					}
+				}
+				if c := a.Counters(); c.Retransmits != 0 {
+					t.Errorf("sender retransmitted %d frames: the acks came late", c.Retransmits)
+				}
+				if got := b.Counters().AcksOut; got < 10 {
+					t.Errorf("receiver sent %d explicit acks, want one per message (10)", got)
+				}
+			})
+		}
+	}
+}
+
 // TestAckBundles: a server that cannot take the rendezvous records of
 // several endpoints of one client host yet (no receive posted) acks them
 // lazily and in one frame, and every message still arrives intact.
