@@ -446,11 +446,12 @@ func (l *AFPacketLink) sendTailsLocked(n int, t Tailer) (int, error) {
 	if n > 0 && l.txBuild == nil {
 		l.txBuild = make([]byte, l.batch*maxLen)
 	}
-	// Should Tail panic, Send must still find one iovec per message.
-	defer l.dropTails(l.batch)
+	// k: messages of the batch being built. Should Tail panic, those get
+	// their single iovec back, as Send expects.
+	k := 0
+	defer func() { l.dropTails(k) }()
 	sent := 0
 	for sent < n {
-		k := 0
 		var bad error
 		for k < l.batch && sent+k < n {
 			buf := l.txBuild[k*maxLen : (k+1)*maxLen : (k+1)*maxLen]
@@ -474,6 +475,7 @@ func (l *AFPacketLink) sendTailsLocked(n int, t Tailer) (int, error) {
 		}
 		m, err := l.sendBatch(k)
 		l.dropTails(k)
+		k = 0
 		sent += m
 		if err != nil {
 			return sent, err
