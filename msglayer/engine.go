@@ -142,8 +142,11 @@ type engine struct {
 	// most maxPullFrames (half the link's receive buffering).
 	// +checklocks:mu
 	pullFrames, maxPullFrames int
+	// starved: pulls waiting for budget, in no order, in two lists:
+	// [0] pulls under way (they have asked for data before), [1] pulls
+	// not started.
 	// +checklocks:mu
-	starved []*pull // pulls waiting for budget, in no order
+	starved [2][]*pull
 	// +checklocks:mu
 	bufs []*Buffer // lent buffers not freed, for sends to find their data in
 	// flushing: a goroutine is sending the queued frames (flushAndUnlock)

@@ -65,7 +65,21 @@ func PullReplyFrame(f []byte) (offset uint32, ok bool) {
 func (e *Endpoint) DebugPullBudget() (frames, starved int) {
 	e.eng.mu.Lock()
 	defer e.eng.mu.Unlock()
-	return e.eng.pullFrames, len(e.eng.starved)
+	return e.eng.pullFrames, len(e.eng.starved[0]) + len(e.eng.starved[1])
+}
+
+// DebugPullsUnderWay returns the number of the endpoint's pulls that
+// have asked for data and not ended.
+func (e *Endpoint) DebugPullsUnderWay() int {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	n := 0
+	for _, pl := range e.pulls {
+		if pl.next > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // DebugPullTimeout returns how long a pull block from a may go without a

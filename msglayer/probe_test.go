@@ -231,3 +231,53 @@ func TestPullTimeoutUnderLoss(t *testing.T) {
 		t.Errorf("pull timeout %v after 30 pulls at 5 %% loss, want at most %v", last, limit)
 	}
 }
+
+// TestPullKeepsItsBudget pulls many 1 MiB messages at once: each needs 23
+// blocks, 16 in flight, so two pulls take the whole budget. A pull keeps
+// the frames its finished blocks free for its next ones, so only a few
+// pulls are under way at any time and the messages finish one after the
+// other. (Were the frames of every finished block handed to a waiting
+// pull, every message would be under way at once, a block each, and all
+// would finish together at the end.)
+func TestPullKeepsItsBudget(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 60*time.Second)
+	const n, size = 16, 1 << 20
+	for i := range n {
+		s, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, size)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Forget(s)
+	}
+	for b.Counters().Unexpected < n {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d rendezvous records arrived", b.Counters().Unexpected, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	bufs := make([][]byte, n)
+	for i := range n {
+		bufs[i] = make([]byte, size)
+		if _, err := b.Irecv(uint64(i), ^uint64(0), [][]byte{bufs[i]}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	most := 0
+	for done := 0; done < n; done++ {
+		st, err := b.WaitAny(ctx, 0, 0)
+		if err != nil {
+			t.Fatalf("after %d receives: %v", done, err)
+		}
+		i := int(st.Match)
+		if st.Code != msglayer.Success || i >= n {
+			t.Fatalf("receive %d completed with %+v", i, st)
+		}
+		checkMessage(t, bufs[i], i, size)
+		most = max(most, b.DebugPullsUnderWay()+1)
+	}
+	if most > 6 {
+		t.Errorf("up to %d of %d pulls under way at once, want at most 6 (two hold the budget, and the next start as one runs out of blocks to ask for)", most, n)
+	}
+}
