@@ -1211,10 +1211,10 @@ func (g *engine) driveErr(err error) error {
 	return err
 }
 
-// pullBudget is the most frames all pulls of an engine may have asked
-// for and not received: maxPullFrames receive descriptors' worth, a frame
-// taking several when it spans UMEM frames (multi-buffer, e.g. three of
-// 4096 bytes at MTU 9000).
+// pullBudget is the frames all pulls of an engine may have asked for and
+// not received (and less than a block more, budgetLeft): maxPullFrames
+// receive descriptors' worth, a frame taking several when it spans UMEM
+// frames (multi-buffer, e.g. three of 4096 bytes at MTU 9000).
 func pullBudget(mtu int) int {
 	const rxRoom = 4096 - 256 // a default UMEM frame after XDP headroom
 	descs := (mtu + xdp.EthHeaderLen + rxRoom - 1) / rxRoom

@@ -130,18 +130,12 @@ func (e *Endpoint) startPull(r *request, p *peer, rndvID, total uint32, now int6
 // +checklocks:e.eng.mu
 func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 	g := e.eng
-	blockBytes := pl.frameBytes * pullBlockFrames
 	for i := range pl.blocks {
 		b := &pl.blocks[i]
 		if b.active || pl.next >= pl.total {
 			continue
 		}
-		length := min(blockBytes, pl.total-pl.next)
-		frames := int((length + pl.frameBytes - 1) / pl.frameBytes)
-		// Every frame asked for lands in the link's receive ring, shared
-		// by all pulls of the engine: ask for no more than it can hold,
-		// or the ring overflows and the frames are asked for again.
-		if g.pullFrames+frames > g.maxPullFrames && g.pullFrames > 0 {
+		if !g.budgetLeft() {
 			if pl.waiting < 0 {
 				pl.waitList = 0
 				if pl.next == 0 {
@@ -153,6 +147,7 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 			}
 			return
 		}
+		length, frames := pl.nextBlock()
 		g.pullFrames += frames
 		b.active = true
 		b.firstSent = now
@@ -167,23 +162,37 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 	}
 }
 
-// blockDone returns a finished (or abandoned) block's frames to the
-// engine's pull budget and lets pulls that waited for it go on.
-//
-// +checklocks:e.eng.mu
-func (e *Endpoint) blockDone(b *pullBlock, now int64) {
-	e.releaseBlock(b)
-	e.feedStarved(now)
+// nextBlock returns the length and frames of the block the pull asks
+// for next.
+func (pl *pull) nextBlock() (length uint32, frames int) {
+	length = min(pl.frameBytes*pullBlockFrames, pl.total-pl.next)
+	return length, int((length + pl.frameBytes - 1) / pl.frameBytes)
 }
 
-// releaseBlock returns a block's frames to the engine's pull budget.
+// budgetLeft reports whether a pull may ask for a block now: while the
+// frames asked for and not arrived are fewer than maxPullFrames. Every
+// frame asked for lands in the link's receive ring, shared by all pulls of
+// the engine: they ask for no more than it can hold, or the ring overflows
+// and the frames are asked for again. The last block may go past the
+// budget by less than a block, which the ring has room for (pullBudget):
+// so the budget is used whole, whatever the sizes of the blocks waiting.
+//
+// +checklocks:g.mu
+func (g *engine) budgetLeft() bool {
+	return g.pullFrames < g.maxPullFrames
+}
+
+// releaseBlock returns a finished (or abandoned) block's frames to the
+// engine's pull budget; it reports whether the block was under way.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) releaseBlock(b *pullBlock) {
-	if b.active {
-		b.active = false
-		e.eng.pullFrames -= b.frames
+func (e *Endpoint) releaseBlock(b *pullBlock) bool {
+	if !b.active {
+		return false
 	}
+	b.active = false
+	e.eng.pullFrames -= b.frames
+	return true
 }
 
 // feedStarved gives the budget left to pulls waiting for it, those under
@@ -207,16 +216,13 @@ func (e *Endpoint) releaseBlock(b *pullBlock) {
 func (e *Endpoint) feedStarved(now int64) {
 	g := e.eng
 	for k := range g.starved {
-		for len(g.starved[k]) > 0 && g.pullFrames < g.maxPullFrames {
+		for len(g.starved[k]) > 0 && g.budgetLeft() {
 			pl := g.starved[k][rand.IntN(len(g.starved[k]))]
 			g.unstarve(pl)
 			// The wait was ours, not the peer's: it does not count
 			// towards giving up on the peer.
 			pl.lastProgress = max(pl.lastProgress, now)
 			pl.peer.ep.requestBlocks(pl, now)
-			if pl.waiting >= 0 {
-				return // the budget left is less than its next block
-			}
 		}
 	}
 }
@@ -478,9 +484,12 @@ func (e *Endpoint) endPull(pl *pull, code Code) {
 	if pl.waiting >= 0 {
 		e.eng.unstarve(pl)
 	}
-	now := e.eng.readClock()
+	freed := false
 	for i := range pl.blocks {
-		e.blockDone(&pl.blocks[i], now)
+		freed = e.releaseBlock(&pl.blocks[i]) || freed
+	}
+	if freed {
+		e.feedStarved(e.eng.readClock())
 	}
 	pl.peer.pulls--
 	pl.r.pull = nil
