@@ -139,7 +139,8 @@ type engine struct {
 	// +checklocks:mu
 	acksDue bool
 	// Pull budget: frames asked for by all pulls and not arrived yet, at
-	// most maxPullFrames (half the link's receive buffering).
+	// most maxPullFrames (half the link's receive buffering) and less
+	// than a block more (budgetLeft).
 	// +checklocks:mu
 	pullFrames, maxPullFrames int
 	// starved: pulls waiting for budget, in no order, in two lists:
