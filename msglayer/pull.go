@@ -147,7 +147,8 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 			}
 			return
 		}
-		length, frames := pl.nextBlock()
+		length := min(pl.frameBytes*pullBlockFrames, pl.total-pl.next)
+		frames := int((length + pl.frameBytes - 1) / pl.frameBytes)
 		g.pullFrames += frames
 		b.active = true
 		b.firstSent = now
@@ -160,13 +161,6 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 		pl.next += b.length
 		e.sendPullReq(pl, b, now)
 	}
-}
-
-// nextBlock returns the length and frames of the block the pull asks
-// for next.
-func (pl *pull) nextBlock() (length uint32, frames int) {
-	length = min(pl.frameBytes*pullBlockFrames, pl.total-pl.next)
-	return length, int((length + pl.frameBytes - 1) / pl.frameBytes)
 }
 
 // budgetLeft reports whether a pull may ask for a block now: while the
