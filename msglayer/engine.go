@@ -51,6 +51,7 @@ type engine struct {
 	spinFirst atomic.Int64
 	spinAuto  bool
 	spinClock func() int64 // the polls' clock: nanotime (tests: their own)
+	yield     func()       // gives up the CPU to runnable threads: xdp.YieldCPU
 	clock     Clock
 	hostname  string
 
@@ -300,6 +301,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	}
 	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
 	g.spinClock = nanotime
+	g.yield = xdp.YieldCPU
 	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
 	// not of the wrapper that keeps the engine from closing it.
@@ -1119,8 +1121,17 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			}
 			g.noteAPIWait()
 		}
-		if spinUntil != 0 && spins&63 == 63 && g.spinClock() >= spinUntil {
-			spinUntil, polling = 0, false
+		if spinUntil != 0 && spins&63 == 63 {
+			if g.spinClock() >= spinUntil {
+				spinUntil, polling = 0, false
+			} else {
+				// Every few microseconds of polling, let whatever else is
+				// runnable on this CPU run: often the very process whose
+				// frames the poll waits for, which the kernel woke (with
+				// the frames we sent it) onto our CPU. Alone on the CPU,
+				// the yield costs a syscall.
+				g.yield()
+			}
 		}
 		var timeout time.Duration
 		var sleptFrom int64

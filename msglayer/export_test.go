@@ -100,6 +100,10 @@ func (e *Endpoint) SpinNow() time.Duration { return time.Duration(e.eng.spinFirs
 // before sleeping. Call it before any wait of the test's traffic.
 func (e *Endpoint) SetSpinClock(now func() int64) { e.eng.spinClock = now }
 
+// SetYield makes yield what the endpoint's engine calls to give up the
+// CPU while it polls before sleeping. Call it before any wait.
+func (e *Endpoint) SetYield(yield func()) { e.eng.yield = yield }
+
 // NextSpin is nextSpin, for its test.
 var NextSpin = nextSpin
 

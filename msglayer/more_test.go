@@ -508,6 +508,46 @@ func TestSpinBeforeSleep(t *testing.T) {
 	}
 }
 
+// TestSpinYields checks that a driver polling before it sleeps gives up
+// its CPU every few polls (the process it waits for may be queued on that
+// CPU), and that a busy-polling one never does.
+func TestSpinYields(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	// The polls' clock stands still: a polls until the message comes.
+	a, b := w.pair(t, msglayer.Config{SpinBeforeSleep: time.Millisecond}, msglayer.Config{BusyPoll: true})
+	var ya, yb atomic.Int64
+	a.SetSpinClock(func() int64 { return 1 })
+	a.SetYield(func() { ya.Add(1) })
+	b.SetYield(func() { yb.Add(1) })
+	ctx := ctxFor(t, 10*time.Second)
+	bufA, bufB := make([]byte, 64), make([]byte, 64)
+	for i, late := range []time.Duration{0, 5 * time.Millisecond} {
+		ra, _ := a.Irecv(0, 0, [][]byte{bufA}, nil)
+		rb, _ := b.Irecv(0, 0, [][]byte{bufB}, nil)
+		go func() {
+			time.Sleep(late)
+			if _, err := b.Isend(a.Addr(), uint64(i), [][]byte{message(i, 64)}, nil); err != nil {
+				t.Error(err)
+			}
+			if _, err := a.Isend(b.Addr(), uint64(i), [][]byte{message(i, 64)}, nil); err != nil {
+				t.Error(err)
+			}
+		}()
+		if st, err := a.Wait(ctx, ra); err != nil || st.Match != uint64(i) {
+			t.Fatalf("message %d at a: %v, %v", i, st.Match, err)
+		}
+		if st, err := b.Wait(ctx, rb); err != nil || st.Match != uint64(i) {
+			t.Fatalf("message %d at b: %v, %v", i, st.Match, err)
+		}
+	}
+	if ya.Load() == 0 {
+		t.Error("a polled for 5 ms before its message came and never yielded")
+	}
+	if n := yb.Load(); n != 0 {
+		t.Errorf("b, busy-polling, yielded %d times", n)
+	}
+}
+
 // TestNextSpin checks the adaptive poll's steps: it doubles from
 // MinAutoSpin up to MaxAutoSpin while sleeps end within AutoSpinWindow of
 // the last activity, and halves, to nothing below MinAutoSpin, after
