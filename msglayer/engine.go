@@ -3,6 +3,7 @@ package msglayer
 import (
 	"context"
 	"encoding/binary"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,8 +51,9 @@ type engine struct {
 	// that tests may read it.
 	spinFirst atomic.Int64
 	spinAuto  bool
-	spinClock func() int64 // the polls' clock: nanotime (tests: their own)
-	yield     func()       // gives up the CPU to runnable threads: xdp.YieldCPU
+	spinClock func() int64  // the polls' clock: nanotime (tests: their own)
+	yield     func()        // gives up the CPU to runnable threads: xdp.YieldCPU
+	randN     func(int) int // the random draws of feedStarved: rand.IntN (tests: their own)
 	clock     Clock
 	hostname  string
 
@@ -107,6 +109,12 @@ type engine struct {
 	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu
 	hostReplies map[string][6]byte // answers to our host queries
+	// hosts counts the pulls under way from each host (MAC) that any of
+	// the engine's peers is on: feedStarved starts the next pull from a
+	// host with fewer. Entries stay while the engine lives: a host's
+	// counter is a few bytes.
+	// +checklocks:mu
+	hosts map[[6]byte]*hostPulls
 	// lastRead is the latest clock reading taken under the lock
 	// (readClock): the time after a sleep (sleptFrom plus the wait) is
 	// never earlier, so no stamp or sample taken meanwhile comes out
@@ -298,10 +306,12 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		bgStop:      make(chan struct{}),
 		bgDone:      make(chan struct{}),
 		hostReplies: map[string][6]byte{},
+		hosts:       map[[6]byte]*hostPulls{},
 	}
 	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
 	g.spinClock = nanotime
 	g.yield = xdp.YieldCPU
+	g.randN = rand.IntN
 	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
 	// not of the wrapper that keeps the engine from closing it.

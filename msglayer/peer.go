@@ -57,12 +57,13 @@ type peer struct {
 	inAcksDue  bool // in ep.acksDue
 	refused    bool // an eager message at refusedSeq was refused: wait for its rendezvous version
 	refusedSeq uint32
-	in         inMsg // the eager message being reassembled
-	pulls      int   // active pulls from this peer
-	rndvs      int   // our rendezvous sends to this peer awaiting notify
-	kaSent     int64 // last keepalive
-	waiting    bool  // we wait on the peer for a notify or pull data
-	waitStart  int64 // since when
+	in         inMsg      // the eager message being reassembled
+	pulls      int        // active pulls from this peer
+	host       *hostPulls // the pulls under way from the peer's host (engine.hosts)
+	rndvs      int        // our rendezvous sends to this peer awaiting notify
+	kaSent     int64      // last keepalive
+	waiting    bool       // we wait on the peer for a notify or pull data
+	waitStart  int64      // since when
 }
 
 // txSlot holds one reliable frame until it is acknowledged.
@@ -103,8 +104,11 @@ type inMsg struct {
 	received uint32
 }
 
+// newPeer returns a new record of peer a.
+//
+// +checklocks:e.eng.mu
 func newPeer(e *Endpoint, a Addr) *peer {
-	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO)}
+	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC)}
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
 	for i := range p.win {

@@ -281,3 +281,81 @@ func TestPullKeepsItsBudget(t *testing.T) {
 		t.Errorf("up to %d of %d pulls under way at once, want at most 6 (two hold the budget, and the next start as one runs out of blocks to ask for)", most, n)
 	}
 }
+
+// TestPickStarved checks the choice of the next pull to start: of two
+// taken at random, the one whose host has fewer pulls under way; the
+// first on a tie.
+func TestPickStarved(t *testing.T) {
+	for _, c := range []struct {
+		underWay, draws []int
+		want            int
+	}{
+		{[]int{3, 0}, []int{0, 1}, 1},
+		{[]int{0, 3}, []int{0, 1}, 0},
+		{[]int{2, 2}, []int{1, 0}, 1},
+		{[]int{1, 5, 0}, []int{1, 1}, 1},
+	} {
+		if got := msglayer.PickStarved(c.underWay, c.draws); got != c.want {
+			t.Errorf("pulls under way %v, draws %v: picked host %d, want %d", c.underWay, c.draws, got, c.want)
+		}
+	}
+}
+
+// TestPullsFromSeveralHosts pulls rendezvous messages from two sender
+// hosts at once: every payload arrives whole, and the engine's count of
+// pulls under way per host comes back to nothing.
+func TestPullsFromSeveralHosts(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	var eps [3]*msglayer.Endpoint
+	for i := range eps {
+		l := hub.Attach()
+		t.Cleanup(func() { l.Close() })
+		eps[i] = openEP(t, msglayer.Config{Link: l, EndpointID: uint8(i + 1), Key: 7})
+	}
+	b, senders := eps[0], eps[1:]
+	ctx := ctxFor(t, 60*time.Second)
+	const per, size = 6, 1 << 20
+	for _, s := range senders {
+		if err := s.Connect(ctx, b.Addr(), 7); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for h, s := range senders {
+		for i := range per {
+			m := h*per + i
+			r, err := s.Isend(b.Addr(), uint64(m), [][]byte{message(m, size)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Forget(r)
+		}
+	}
+	const n = 2 * per
+	for b.Counters().Unexpected < n {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d rendezvous records arrived", b.Counters().Unexpected, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	bufs := make([][]byte, n)
+	for i := range n {
+		bufs[i] = make([]byte, size)
+		if _, err := b.Irecv(uint64(i), ^uint64(0), [][]byte{bufs[i]}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for done := 0; done < n; done++ {
+		st, err := b.WaitAny(ctx, 0, 0)
+		if err != nil {
+			t.Fatalf("after %d receives: %v", done, err)
+		}
+		i := int(st.Match)
+		if st.Code != msglayer.Success || i >= n {
+			t.Fatalf("receive %d completed with %+v", i, st)
+		}
+		checkMessage(t, bufs[i], i, size)
+	}
+	if left := b.DebugHostPulls(); len(left) != 0 {
+		t.Errorf("pulls under way left counted after every pull ended: %v", left)
+	}
+}
