@@ -109,12 +109,12 @@ type engine struct {
 	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu
 	hostReplies map[string][6]byte // answers to our host queries
-	// hosts counts the pulls under way from each host (MAC) that any of
-	// the engine's peers is on: feedStarved starts the next pull from a
-	// host with fewer. Entries stay while the engine lives: a host's
-	// counter is a few bytes.
+	// hosts is what the pulls wait for from each host (MAC) that any of
+	// the engine's peers is on: feedStarved gives the budget to a pull
+	// from a host with less. Entries stay while the engine lives: a
+	// host's load is a few bytes.
 	// +checklocks:mu
-	hosts map[[6]byte]*hostPulls
+	hosts map[[6]byte]*hostLoad
 	// lastRead is the latest clock reading taken under the lock
 	// (readClock): the time after a sleep (sleptFrom plus the wait) is
 	// never earlier, so no stamp or sample taken meanwhile comes out
@@ -306,7 +306,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		bgStop:      make(chan struct{}),
 		bgDone:      make(chan struct{}),
 		hostReplies: map[string][6]byte{},
-		hosts:       map[[6]byte]*hostPulls{},
+		hosts:       map[[6]byte]*hostLoad{},
 	}
 	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
 	g.spinClock = nanotime

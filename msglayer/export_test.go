@@ -82,31 +82,31 @@ func (e *Endpoint) DebugPullsUnderWay() int {
 	return n
 }
 
-// DebugHostPulls returns the pulls under way from each host, as the
-// endpoint's engine counts them (hosts with none left out).
-func (e *Endpoint) DebugHostPulls() map[[6]byte]int {
+// DebugHostFrames returns, per host, the frames the endpoint's engine
+// asked it for and has not received (hosts with none left out).
+func (e *Endpoint) DebugHostFrames() map[[6]byte]int {
 	e.eng.mu.Lock()
 	defer e.eng.mu.Unlock()
 	m := map[[6]byte]int{}
 	for mac, h := range e.eng.hosts {
-		if h.n != 0 {
-			m[mac] = h.n
+		if h.frames != 0 {
+			m[mac] = h.frames
 		}
 	}
 	return m
 }
 
-// PickStarved builds an engine whose pulls not started come from hosts
-// with the given pulls under way (one pull per host, in order), makes
-// its random draws return draws in turn, and returns the host index of
-// the pull it picks next.
-func PickStarved(underWay []int, draws []int) int {
+// PickStarved builds an engine whose pulls waiting for budget (in list
+// k) come from hosts with the given frames asked for (one pull per host,
+// in order), makes its random draws return draws in turn, and returns the
+// host index of the pull it picks next.
+func PickStarved(k int, frames []int, draws []int) int {
 	g := &engine{}
-	hosts := make(map[*hostPulls]int)
-	for i, n := range underWay {
-		h := &hostPulls{n: n}
+	hosts := make(map[*hostLoad]int)
+	for i, n := range frames {
+		h := &hostLoad{frames: n}
 		hosts[h] = i
-		g.starved[1] = append(g.starved[1], &pull{peer: &peer{host: h}, waiting: i, waitList: 1})
+		g.starved[k] = append(g.starved[k], &pull{peer: &peer{host: h}, waiting: i, waitList: k})
 	}
 	g.randN = func(n int) int {
 		d := draws[0]
@@ -115,7 +115,7 @@ func PickStarved(underWay []int, draws []int) int {
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return hosts[g.pickStarved(1).peer.host]
+	return hosts[g.pickStarved(k).peer.host]
 }
 
 // DebugPullTimeout returns how long a pull block from a may go without a

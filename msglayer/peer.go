@@ -57,13 +57,13 @@ type peer struct {
 	inAcksDue  bool // in ep.acksDue
 	refused    bool // an eager message at refusedSeq was refused: wait for its rendezvous version
 	refusedSeq uint32
-	in         inMsg      // the eager message being reassembled
-	pulls      int        // active pulls from this peer
-	host       *hostPulls // the pulls under way from the peer's host (engine.hosts)
-	rndvs      int        // our rendezvous sends to this peer awaiting notify
-	kaSent     int64      // last keepalive
-	waiting    bool       // we wait on the peer for a notify or pull data
-	waitStart  int64      // since when
+	in         inMsg     // the eager message being reassembled
+	pulls      int       // active pulls from this peer
+	host       *hostLoad // what pulls wait for from the peer's host (engine.hosts)
+	rndvs      int       // our rendezvous sends to this peer awaiting notify
+	kaSent     int64     // last keepalive
+	waiting    bool      // we wait on the peer for a notify or pull data
+	waitStart  int64     // since when
 }
 
 // txSlot holds one reliable frame until it is acknowledged.

@@ -282,28 +282,32 @@ func TestPullKeepsItsBudget(t *testing.T) {
 	}
 }
 
-// TestPickStarved checks the choice of the next pull to start: of two
-// taken at random, the one whose host has fewer pulls under way; the
-// first on a tie.
+// TestPickStarved checks the choice of the pull that gets the budget
+// next, in both lists (under way and not started): of two taken at
+// random, the one whose host has fewer frames asked for and not received;
+// the first on a tie.
 func TestPickStarved(t *testing.T) {
 	for _, c := range []struct {
-		underWay, draws []int
-		want            int
+		frames, draws []int
+		want          int
 	}{
-		{[]int{3, 0}, []int{0, 1}, 1},
-		{[]int{0, 3}, []int{0, 1}, 0},
-		{[]int{2, 2}, []int{1, 0}, 1},
-		{[]int{1, 5, 0}, []int{1, 1}, 1},
+		{[]int{96, 0}, []int{0, 1}, 1},
+		{[]int{0, 96}, []int{0, 1}, 0},
+		{[]int{64, 64}, []int{1, 0}, 1},
+		{[]int{32, 160, 0}, []int{1, 1}, 1},
+		{[]int{32, 160, 0}, []int{1, 2}, 2},
 	} {
-		if got := msglayer.PickStarved(c.underWay, c.draws); got != c.want {
-			t.Errorf("pulls under way %v, draws %v: picked host %d, want %d", c.underWay, c.draws, got, c.want)
+		for k := range 2 {
+			if got := msglayer.PickStarved(k, c.frames, c.draws); got != c.want {
+				t.Errorf("list %d, frames asked per host %v, draws %v: picked host %d, want %d", k, c.frames, c.draws, got, c.want)
+			}
 		}
 	}
 }
 
 // TestPullsFromSeveralHosts pulls rendezvous messages from two sender
 // hosts at once: every payload arrives whole, and the engine's count of
-// pulls under way per host comes back to nothing.
+// the frames asked of each host comes back to nothing.
 func TestPullsFromSeveralHosts(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	var eps [3]*msglayer.Endpoint
@@ -355,7 +359,7 @@ func TestPullsFromSeveralHosts(t *testing.T) {
 		}
 		checkMessage(t, bufs[i], i, size)
 	}
-	if left := b.DebugHostPulls(); len(left) != 0 {
-		t.Errorf("pulls under way left counted after every pull ended: %v", left)
+	if left := b.DebugHostFrames(); len(left) != 0 {
+		t.Errorf("frames asked of hosts still counted after every pull ended: %v", left)
 	}
 }
