@@ -1132,9 +1132,9 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			g.noteAPIWait()
 		}
 		if spinUntil != 0 && spins&63 == 63 {
-			if g.spinClock() >= spinUntil {
+			if now := g.spinClock(); now >= spinUntil {
 				spinUntil, polling = 0, false
-			} else {
+			} else if now-active >= yieldAfter {
 				// Every few microseconds of polling, let whatever else is
 				// runnable on this CPU run: often the very process whose
 				// frames the poll waits for, which the kernel woke (with
@@ -1205,6 +1205,13 @@ const (
 	maxAutoSpin    = 50 * time.Microsecond
 	autoSpinWindow = 200 * time.Microsecond
 )
+
+// yieldAfter is how long a poll before sleeping goes without frames
+// before it starts yielding its CPU (driveUntil): a yield delays an
+// answer that comes meanwhile by a syscall (in a ping-pong of the default
+// blocking mode, about a microsecond of the median), and an answer that
+// takes longer may be waiting for our CPU.
+const yieldAfter = int64(minAutoSpin)
 
 // nextSpin is the poll that follows poll cur when a sleep after it ended
 // with frames idle since the last activity (the poll included).

@@ -509,14 +509,17 @@ func TestSpinBeforeSleep(t *testing.T) {
 }
 
 // TestSpinYields checks that a driver polling before it sleeps gives up
-// its CPU every few polls (the process it waits for may be queued on that
-// CPU), and that a busy-polling one never does.
+// its CPU every few polls once it has polled for a while (the process it
+// waits for may be queued on that CPU), and that a busy-polling one never
+// does.
 func TestSpinYields(t *testing.T) {
 	w := memWorld(t, xdp.MemConfig{})
-	// The polls' clock stands still: a polls until the message comes.
-	a, b := w.pair(t, msglayer.Config{SpinBeforeSleep: time.Millisecond}, msglayer.Config{BusyPoll: true})
+	a, b := w.pair(t, msglayer.Config{SpinBeforeSleep: time.Second}, msglayer.Config{BusyPoll: true})
 	var ya, yb atomic.Int64
-	a.SetSpinClock(func() int64 { return 1 })
+	// The polls' clock moves a microsecond per reading: a polls until
+	// the message comes, past the time it starts yielding.
+	var now atomic.Int64
+	a.SetSpinClock(func() int64 { return now.Add(int64(time.Microsecond)) })
 	a.SetYield(func() { ya.Add(1) })
 	b.SetYield(func() { yb.Add(1) })
 	ctx := ctxFor(t, 10*time.Second)
