@@ -1,6 +1,7 @@
 package msglayer_test
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -251,7 +252,20 @@ func TestPullKeepsItsBudget(t *testing.T) {
 		}
 		defer a.Forget(s)
 	}
-	for b.Counters().Unexpected < n {
+	most := 0
+	receiveUnexpected(ctx, t, b, n, size, func() { most = max(most, b.DebugPullsUnderWay()+1) })
+	if most > 6 {
+		t.Errorf("up to %d of %d pulls under way at once, want at most 6 (two hold the budget, and the next start as one runs out of blocks to ask for)", most, n)
+	}
+}
+
+// receiveUnexpected waits until n rendezvous records of size bytes
+// (match info 0..n-1, the payload of message(i, size)) wait unexpected at
+// b, posts a receive for each, and checks every payload as its receive
+// completes, calling after each.
+func receiveUnexpected(ctx context.Context, t *testing.T, b *msglayer.Endpoint, n, size int, after func()) {
+	t.Helper()
+	for b.Counters().Unexpected < uint64(n) {
 		if ctx.Err() != nil {
 			t.Fatalf("%d of %d rendezvous records arrived", b.Counters().Unexpected, n)
 		}
@@ -264,7 +278,6 @@ func TestPullKeepsItsBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	most := 0
 	for done := 0; done < n; done++ {
 		st, err := b.WaitAny(ctx, 0, 0)
 		if err != nil {
@@ -275,10 +288,7 @@ func TestPullKeepsItsBudget(t *testing.T) {
 			t.Fatalf("receive %d completed with %+v", i, st)
 		}
 		checkMessage(t, bufs[i], i, size)
-		most = max(most, b.DebugPullsUnderWay()+1)
-	}
-	if most > 6 {
-		t.Errorf("up to %d of %d pulls under way at once, want at most 6 (two hold the budget, and the next start as one runs out of blocks to ask for)", most, n)
+		after()
 	}
 }
 
@@ -334,31 +344,7 @@ func TestPullsFromSeveralHosts(t *testing.T) {
 			defer s.Forget(r)
 		}
 	}
-	const n = 2 * per
-	for b.Counters().Unexpected < n {
-		if ctx.Err() != nil {
-			t.Fatalf("%d of %d rendezvous records arrived", b.Counters().Unexpected, n)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	bufs := make([][]byte, n)
-	for i := range n {
-		bufs[i] = make([]byte, size)
-		if _, err := b.Irecv(uint64(i), ^uint64(0), [][]byte{bufs[i]}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for done := 0; done < n; done++ {
-		st, err := b.WaitAny(ctx, 0, 0)
-		if err != nil {
-			t.Fatalf("after %d receives: %v", done, err)
-		}
-		i := int(st.Match)
-		if st.Code != msglayer.Success || i >= n {
-			t.Fatalf("receive %d completed with %+v", i, st)
-		}
-		checkMessage(t, bufs[i], i, size)
-	}
+	receiveUnexpected(ctx, t, b, 2*per, size, func() {})
 	if left := b.DebugHostFrames(); len(left) != 0 {
 		t.Errorf("frames asked of hosts still counted after every pull ended: %v", left)
 	}
