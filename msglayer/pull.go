@@ -1,8 +1,6 @@
 package msglayer
 
-import (
-	"math/bits"
-)
+import "math/bits"
 
 // Rendezvous pulls. A large (or synchronous, or converted) message leaves
 // only its record at the receiver; once a receive matches it, the
