@@ -298,7 +298,13 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	r.info, r.mask, r.segs, r.length, r.group = info, mask, segs, n, grp
 	e.stats.Recvs++
 	h := Request{r, r.gen}
-	if u := e.match.post(info, mask); u != nil {
+	var u *unexp
+	if e.cfg.MatchByLoad {
+		u = e.match.postByLoad(info, mask, unexpLoad)
+	} else {
+		u = e.match.post(info, mask)
+	}
+	if u != nil {
 		e.takeUnexp(r, u, g.readClock())
 	} else {
 		e.match.pushRecv(r)

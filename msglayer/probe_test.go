@@ -349,3 +349,107 @@ func TestPullsFromSeveralHosts(t *testing.T) {
 		t.Errorf("frames asked of hosts still counted after every pull ended: %v", left)
 	}
 }
+
+// TestPostByLoad checks the matching of Config.MatchByLoad: a receive
+// takes the oldest matching message of the least-loaded host, the oldest
+// of all on a tie, never a message that does not match; a receive that
+// wildcards context bits takes the oldest; and it weighs MaxLoadScan
+// matching messages at most.
+func TestPostByLoad(t *testing.T) {
+	all := ^uint64(0)
+	for _, c := range []struct {
+		name         string
+		peerOf, load []int
+		match        []uint64
+		ctxBits      uint
+		info, mask   uint64
+		want         int
+	}{
+		{"least loaded host's oldest", []int{0, 0, 1, 1}, []int{5, 2}, []uint64{1, 2, 3, 4}, 0, 0, 0, 2},
+		{"oldest on a tie", []int{0, 1, 0}, []int{3, 3}, []uint64{1, 2, 3}, 0, 0, 0, 0},
+		{"an idle host at once", []int{0, 1, 2}, []int{4, 0, 0}, []uint64{1, 2, 3}, 0, 0, 0, 1},
+		{"only matching messages", []int{0, 1, 1}, []int{5, 0}, []uint64{7, 8, 7}, 0, 7, all, 2},
+		{"none matches", []int{0, 1}, []int{0, 0}, []uint64{1, 2}, 0, 3, all, -1},
+		{"context wildcard takes the oldest", []int{0, 1}, []int{9, 0}, []uint64{1, 1 << 56}, 1, 0, 0, 0},
+		{"within one context", []int{0, 1, 1}, []int{9, 0, 0}, []uint64{1 << 56, 2, 1<<56 | 3}, 1, 1 << 56, 1 << 56, 2},
+	} {
+		if got := msglayer.PostByLoad(c.peerOf, c.load, c.match, c.ctxBits, c.info, c.mask); got != c.want {
+			t.Errorf("%s: took message %d, want %d", c.name, got, c.want)
+		}
+	}
+	// A long queue: the least-loaded host's message beyond the scan is
+	// not seen.
+	n := msglayer.MaxLoadScan + 1
+	peerOf, match := make([]int, n), make([]uint64, n)
+	peerOf[n-1] = 1
+	if got := msglayer.PostByLoad(peerOf, []int{4, 0}, match, 0, 0, 0); got != 0 {
+		t.Errorf("past the scan: took message %d, want 0", got)
+	}
+}
+
+// TestMatchByLoad runs MatchByLoad end to end: two sender hosts' large
+// messages wait unexpected, wildcard receives take them, every payload is
+// whole, and each sender's messages are matched in the order it sent them.
+func TestMatchByLoad(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	var eps [3]*msglayer.Endpoint
+	for i := range eps {
+		l := hub.Attach()
+		t.Cleanup(func() { l.Close() })
+		eps[i] = openEP(t, msglayer.Config{Link: l, EndpointID: uint8(i + 1), Key: 7, MatchByLoad: i == 0})
+	}
+	b, senders := eps[0], eps[1:]
+	ctx := ctxFor(t, 60*time.Second)
+	const per, size = 6, 1 << 20
+	for h, s := range senders {
+		if err := s.Connect(ctx, b.Addr(), 7); err != nil {
+			t.Fatal(err)
+		}
+		for i := range per {
+			m := h*per + i
+			r, err := s.Isend(b.Addr(), uint64(m), [][]byte{message(m, size)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Forget(r)
+		}
+	}
+	const n = 2 * per
+	for b.Counters().Unexpected < n {
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d rendezvous records arrived", b.Counters().Unexpected, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// Receive k was posted k-th; matched[k] is the message it took.
+	bufs, matched := make([][]byte, n), make([]int, n)
+	for k := range n {
+		bufs[k] = make([]byte, size)
+		if _, err := b.Irecv(0, 0, [][]byte{bufs[k]}, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for done := 0; done < n; done++ {
+		st, err := b.WaitAny(ctx, 0, 0)
+		if err != nil {
+			t.Fatalf("after %d receives: %v", done, err)
+		}
+		k, m := st.Context.(int), int(st.Match)
+		if st.Code != msglayer.Success || m >= n {
+			t.Fatalf("receive %d completed with %+v", k, st)
+		}
+		checkMessage(t, bufs[k], m, size)
+		matched[k] = m
+	}
+	last := []int{-1, -1}
+	for k, m := range matched {
+		if h := m / per; m <= last[h] {
+			t.Fatalf("receive %d took message %d after an earlier receive took %d from the same sender: %v", k, m, last[h], matched)
+		} else {
+			last[h] = m
+		}
+	}
+	if left := b.DebugHostFrames(); len(left) != 0 {
+		t.Errorf("frames asked of hosts still counted after every pull ended: %v", left)
+	}
+}
