@@ -298,13 +298,7 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	r.info, r.mask, r.segs, r.length, r.group = info, mask, segs, n, grp
 	e.stats.Recvs++
 	h := Request{r, r.gen}
-	var u *unexp
-	if e.cfg.MatchByLoad {
-		u = e.match.postByLoad(info, mask, unexpLoad)
-	} else {
-		u = e.match.post(info, mask)
-	}
-	if u != nil {
+	if u := e.match.post(info, mask); u != nil {
 		e.takeUnexp(r, u, g.readClock())
 	} else {
 		e.match.pushRecv(r)

@@ -59,14 +59,6 @@ type Config struct {
 	KeepaliveInterval   time.Duration
 	ConnectRetry        time.Duration
 	PullBlocks          int // pull blocks (32 frames each) in flight per rendezvous (default 16)
-	// MatchByLoad lets a receive posted while several hosts' messages
-	// wait unexpected take the oldest matching message of the host whose
-	// pulls still owe the fewest frames, rather than the oldest of all:
-	// a server of many clients then pulls from the hosts that have room
-	// to send. Messages of one peer still match in the order they were
-	// sent, which is all MX orders. A probe still shows the oldest. Not
-	// for receives that wildcard context bits (they take the oldest).
-	MatchByLoad bool
 
 	// UMEMBufferBytes sizes the buffer area of an AF_XDP link this
 	// endpoint opens: UMEM lent by AllocBuffer, from which large sends

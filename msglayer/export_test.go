@@ -118,33 +118,6 @@ func PickStarved(k int, frames []int, draws []int) int {
 	return hosts[g.pickStarved(k).peer.host]
 }
 
-// PostByLoad queues unexpected messages from peers (peer[i], whose host
-// has load[peer[i]]) with match infos match[i], in order, in a matcher
-// with ctxBits context bits at shift 56, posts a receive (info, mask) by
-// load, and returns the index of the message it takes (-1: none).
-func PostByLoad(peerOf []int, load []int, match []uint64, ctxBits uint, info, mask uint64) int {
-	var q matcher
-	q.init(ctxBits, 56)
-	peers := make([]*peer, len(load))
-	for i := range peers {
-		peers[i] = &peer{host: &hostLoad{frames: load[i]}}
-	}
-	us := make(map[*unexp]int)
-	for i, p := range peerOf {
-		u := &unexp{src: peers[p], match: match[i]}
-		us[u] = i
-		q.pushUnexp(u)
-	}
-	u := q.postByLoad(info, mask, func(u *unexp) int { return u.src.host.frames })
-	if u == nil {
-		return -1
-	}
-	return us[u]
-}
-
-// MaxLoadScan is maxLoadScan, for its test.
-const MaxLoadScan = maxLoadScan
-
 // DebugPullTimeout returns how long a pull block from a may go without a
 // frame before it is probed (before backoff).
 func (e *Endpoint) DebugPullTimeout(a Addr) time.Duration {

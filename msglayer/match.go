@@ -95,40 +95,6 @@ func (q *matcher) post(info, mask uint64) *unexp {
 	return nil
 }
 
-// postByLoad is post, but among the unexpected messages matching (info,
-// mask) in the receive's context it takes the first of least load(u),
-// looking at maxLoadScan of them at most. load must be the same for every
-// message of one peer: the one taken is then its peer's oldest match, and
-// each peer's messages still match in arrival order. A receive that
-// wildcards context bits takes the oldest, as post does.
-func (q *matcher) postByLoad(info, mask uint64, load func(*unexp) int) *unexp {
-	if mask&q.ctxBits() != q.ctxBits() {
-		return q.post(info, mask)
-	}
-	var best *unexp
-	bestLoad, seen := 0, 0
-	for u := q.of(info).unexpHead; u != nil && seen < maxLoadScan; u = u.next {
-		if !matches(u.match, info, mask) {
-			continue
-		}
-		seen++
-		if l := load(u); best == nil || l < bestLoad {
-			best, bestLoad = u, l
-			if l == 0 {
-				break
-			}
-		}
-	}
-	if best != nil {
-		q.removeUnexp(best)
-	}
-	return best
-}
-
-// maxLoadScan bounds the matching unexpected messages postByLoad weighs:
-// a receive costs at most that many looks however long the queue.
-const maxLoadScan = 64
-
 // probe returns the oldest unexpected message matching (info, mask) and
 // leaves it queued. A probe that wildcards context bits looks at every
 // context.

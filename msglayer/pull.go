@@ -178,13 +178,6 @@ func (g *engine) hostOf(mac [6]byte) *hostLoad {
 	return h
 }
 
-// unexpLoad is the load of an unexpected message's host, for
-// Config.MatchByLoad: the frames the engine's pulls asked it for and have
-// not received. Every message of one peer has its host's load.
-//
-// +checklocks:u.src.ep.eng.mu
-func unexpLoad(u *unexp) int { return u.src.host.frames }
-
 // budgetLeft reports whether a pull may ask for a block now: while the
 // frames asked for and not arrived are fewer than maxPullFrames. Every
 // frame asked for lands in the link's receive ring, shared by all pulls of

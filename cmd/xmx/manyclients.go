@@ -89,7 +89,6 @@ type mcConfig struct {
 	// Protocol knobs for investigation (0: msglayer's defaults).
 	minRTO     time.Duration
 	pullBlocks int
-	byLoad     bool
 }
 
 func runManyClients(args []string) error {
@@ -157,7 +156,6 @@ estimate of the data they sent more than once.
 	fs.BoolVar(&c.goPerClient, "goroutine-per-client", false, "clients: drive each endpoint from a goroutine of its own, waiting on a group of its own (default: one goroutine waits on one group spanning the process's endpoints, as a client host would have one process)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
 	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 16)")
-	fs.BoolVar(&c.byLoad, "match-by-load", false, "server: msglayer MatchByLoad, a receive takes the waiting message of the client host that owes the fewest pull frames (per-client order kept)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
@@ -301,7 +299,6 @@ func (c *mcConfig) endpointConfig(id uint8) msglayer.Config {
 	cfg.UnexpectedBytes = c.unexp
 	cfg.MinRTO = c.minRTO
 	cfg.PullBlocks = c.pullBlocks
-	cfg.MatchByLoad = c.byLoad
 	return cfg
 }
 
