@@ -1135,11 +1135,12 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			if now := g.spinClock(); now >= spinUntil {
 				spinUntil, polling = 0, false
 			} else if now-active >= yieldAfter {
-				// Every few microseconds of polling, let whatever else is
-				// runnable on this CPU run: often the very process whose
-				// frames the poll waits for, which the kernel woke (with
-				// the frames we sent it) onto our CPU. Alone on the CPU,
-				// the yield costs a syscall.
+				// Once the poll has gone yieldAfter without frames, every
+				// 64 turns, let whatever else is runnable on this CPU
+				// run: often the very process whose frames the poll
+				// waits for, which the kernel woke (with the frames we
+				// sent it) onto our CPU. Alone on the CPU, the yield
+				// costs a syscall.
 				g.yield()
 			}
 		}
