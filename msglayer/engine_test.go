@@ -161,8 +161,9 @@ func TestPeekBeforeSleep(t *testing.T) {
 	g.wantDrive.Add(-1)
 	defer g.drive.release()
 
-	// exchange posts a receive at c and sends it 8 bytes from a: the
-	// frame is on c's link when it returns.
+	// exchange posts a receive at c and sends it 8 bytes from a, and
+	// waits until the frame is on c's link: Isend may leave it to a's
+	// driver when that is flushing (an acknowledgement) at the time.
 	in := make([]byte, 8)
 	exchange := func() Request {
 		t.Helper()
@@ -175,6 +176,12 @@ func TestPeekBeforeSleep(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { a.Forget(s) })
+		for lc.RxIdle() {
+			if ctx.Err() != nil {
+				t.Fatal("the 8 bytes never reached c's link")
+			}
+			time.Sleep(100 * time.Microsecond)
+		}
 		return r
 	}
 	r := exchange()
