@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,7 +53,6 @@ type engine struct {
 	spinAuto  bool
 	spinClock func() int64  // the polls' clock: nanotime (tests: their own)
 	yield     func()        // gives up the CPU to runnable threads: xdp.YieldCPU
-	resched   func()        // passes through Go's scheduler: runtime.Gosched
 	randN     func(int) int // the random draws of feedStarved: rand.IntN (tests: their own)
 	clock     Clock
 	hostname  string
@@ -103,9 +101,6 @@ type engine struct {
 	// acksLeft: the driver's last round left acks to process (ackq): a
 	// spinning driver's empty poll then takes the lock to settle them.
 	acksLeft bool
-	// reschedAt is when the driver last passed through Go's scheduler
-	// (prepareSleep, resched).
-	reschedAt int64
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
@@ -316,7 +311,6 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
 	g.spinClock = nanotime
 	g.yield = xdp.YieldCPU
-	g.resched = runtime.Gosched
 	g.randN = rand.IntN
 	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
@@ -790,18 +784,6 @@ func (g *engine) sleepFor(now int64, maxSleep time.Duration) time.Duration {
 // 5 ms late. Busy-poll mode keeps full precision.
 const minKernelSleep = 5 * time.Millisecond
 
-// reschedEvery bounds the time between a sleeping driver's passes through
-// Go's scheduler. A goroutine that drives turn after turn, sleeping in the
-// kernel through syscall.Syscall (the links' blocking receives), never
-// passes through it otherwise. Once it has held its P for 10 ms in one
-// scheduling slice, the runtime's monitor thread (sysmon) takes the P
-// away at each such sleep (handoffp, undone by the syscall's return), and
-// every P it takes resets its own sleep to 20 µs: a process with one
-// such driver woke sysmon about a thousand times a second, each a
-// context switch on a CPU the stack needs. A runtime.Gosched every
-// millisecond (a few hundred nanoseconds) keeps the slices short.
-const reschedEvery = time.Millisecond
-
 // prepareSleep runs the timers that are due and sends the acks that wait
 // for a reply to ride on — the driver is about to sleep, so no reply is
 // coming soon — then returns how long to sleep: until the next timer
@@ -825,10 +807,6 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 	}
 	d := g.sleepFor(now, maxSleep)
 	g.flushAndUnlock()
-	if now-g.reschedAt >= int64(reschedEvery) {
-		g.reschedAt = now
-		g.resched()
-	}
 	if lazyAt != 0 {
 		// A lazy ack waits for its time, not for the next 5 ms tick.
 		return d, now
