@@ -351,6 +351,7 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 	g.key = key
 	g.refs = 1
 	engines[key] = g
+	liveEngines.Add(1)
 	return g, why, nil
 }
 
@@ -389,8 +390,11 @@ func releaseEngine(g *engine) error {
 	enginesMu.Lock()
 	g.refs--
 	last := g.refs == 0
-	if last && engines[g.key] == g {
-		delete(engines, g.key)
+	if last {
+		liveEngines.Add(-1)
+		if engines[g.key] == g {
+			delete(engines, g.key)
+		}
 	}
 	enginesMu.Unlock()
 	if last {

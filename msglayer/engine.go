@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,6 +54,7 @@ type engine struct {
 	spinAuto  bool
 	spinClock func() int64  // the polls' clock: nanotime (tests: their own)
 	yield     func()        // gives up the CPU to runnable threads: xdp.YieldCPU
+	resched   func()        // passes through Go's scheduler: runtime.Gosched
 	randN     func(int) int // the random draws of feedStarved: rand.IntN (tests: their own)
 	clock     Clock
 	hostname  string
@@ -101,6 +103,9 @@ type engine struct {
 	// acksLeft: the driver's last round left acks to process (ackq): a
 	// spinning driver's empty poll then takes the lock to settle them.
 	acksLeft bool
+	// reschedAt is when the driver last passed through Go's scheduler
+	// (prepareSleep).
+	reschedAt int64
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
@@ -286,6 +291,8 @@ var (
 	enginesMu   sync.Mutex
 	engines     = map[string]*engine{} // by key; guarded by enginesMu
 	engineIndex atomic.Uint64
+	// liveEngines counts the engines open in the process (reschedEvery).
+	liveEngines atomic.Int32
 )
 
 // newEngine makes the engine of link for the endpoints of cfg and starts
@@ -311,6 +318,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
 	g.spinClock = nanotime
 	g.yield = xdp.YieldCPU
+	g.resched = runtime.Gosched
 	g.randN = rand.IntN
 	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
@@ -784,6 +792,27 @@ func (g *engine) sleepFor(now int64, maxSleep time.Duration) time.Duration {
 // 5 ms late. Busy-poll mode keeps full precision.
 const minKernelSleep = 5 * time.Millisecond
 
+// reschedEvery bounds the time between a sleeping driver's passes through
+// Go's scheduler, while the process has fewer engines than Ps.
+//
+// A goroutine that drives turn after turn, sleeping in the kernel through
+// syscall.Syscall (the links' blocking receives), otherwise never passes
+// through it. Once it has held its P for 10 ms in one scheduling slice,
+// the runtime's monitor thread (sysmon) takes the P at each such sleep
+// it sees, and each P taken resets sysmon's own sleep to 20 µs. The
+// many-clients experiment's client processes (one engine each) woke
+// sysmon about a thousand times a second, each wake-up a context switch
+// on a CPU the stack needs. A runtime.Gosched every millisecond (a few
+// hundred nanoseconds) keeps the slices short and sysmon asleep.
+//
+// But those retakes are also what frees the P of a driver asleep in the
+// kernel for other goroutines. With as many engines as Ps, every P may be
+// held by a sleeping driver, and without the retakes the other goroutines
+// waited up to 10 ms: the two-engine blocking ping-pong with GOMAXPROCS 2
+// went from 1.155× the link floor to 1.359× (p99 up to 589 µs); with
+// GOMAXPROCS 3 it stayed at 1.15-1.21×.
+const reschedEvery = time.Millisecond
+
 // prepareSleep runs the timers that are due and sends the acks that wait
 // for a reply to ride on — the driver is about to sleep, so no reply is
 // coming soon — then returns how long to sleep: until the next timer
@@ -807,6 +836,12 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 	}
 	d := g.sleepFor(now, maxSleep)
 	g.flushAndUnlock()
+	if now-g.reschedAt >= int64(reschedEvery) {
+		g.reschedAt = now
+		if int(liveEngines.Load()) < runtime.GOMAXPROCS(0) {
+			g.resched()
+		}
+	}
 	if lazyAt != 0 {
 		// A lazy ack waits for its time, not for the next 5 ms tick.
 		return d, now

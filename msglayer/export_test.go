@@ -140,6 +140,13 @@ func (e *Endpoint) SetSpinClock(now func() int64) { e.eng.spinClock = now }
 // CPU while it polls before sleeping. Call it before any wait.
 func (e *Endpoint) SetYield(yield func()) { e.eng.yield = yield }
 
+// SetResched makes resched what the endpoint's engine calls to pass
+// through Go's scheduler before a sleep. Call it before any wait.
+func (e *Endpoint) SetResched(resched func()) { e.eng.resched = resched }
+
+// LiveEngines returns the number of engines open in the process.
+func LiveEngines() int { return int(liveEngines.Load()) }
+
 // NextSpin is nextSpin, for its test.
 var NextSpin = nextSpin
 

@@ -558,6 +558,61 @@ func TestSpinYields(t *testing.T) {
 	}
 }
 
+// TestSleepingDriverReschedules checks that a driver sleeping in the
+// kernel turn after turn passes through Go's scheduler after a
+// millisecond or more of sleeps, and not more often, while the process
+// has fewer engines than Ps; and never with as many engines as Ps. Each
+// run: 200 quick messages and 3 that come 3 ms late, each waited for
+// asleep.
+func TestSleepingDriverReschedules(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{SpinBeforeSleep: msglayer.NoSpin}, msglayer.Config{})
+	var n atomic.Int64
+	a.SetResched(func() { n.Add(1) })
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	ctx := ctxFor(t, 10*time.Second)
+	buf := make([]byte, 8)
+	const quick, late = 200, 3
+	run := func() (int64, time.Duration) {
+		n.Store(0)
+		start := time.Now()
+		for i := range quick + late {
+			r, err := a.Irecv(0, 0, [][]byte{buf}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				if i >= quick {
+					time.Sleep(3 * time.Millisecond)
+				}
+				if s, err := b.Isend(a.Addr(), uint64(i), [][]byte{message(i, 8)}, nil); err != nil {
+					t.Error(err)
+				} else {
+					b.Forget(s)
+				}
+			}()
+			if st, err := a.Wait(ctx, r); err != nil || st.Match != uint64(i) {
+				t.Fatalf("message %d: %v, %v", i, st.Match, err)
+			}
+		}
+		return n.Load(), time.Since(start)
+	}
+
+	runtime.GOMAXPROCS(msglayer.LiveEngines() + 1)
+	got, elapsed := run()
+	if got < late {
+		t.Errorf("a slept through %d gaps of 3 ms and passed through the scheduler %d times", late, got)
+	}
+	if most := int64(elapsed/time.Millisecond) + 2; got > most {
+		t.Errorf("%d passes through the scheduler in %v: more than one a millisecond", got, elapsed)
+	}
+
+	runtime.GOMAXPROCS(msglayer.LiveEngines())
+	if got, _ := run(); got != 0 {
+		t.Errorf("with as many engines as Ps, a passed through the scheduler %d times", got)
+	}
+}
+
 // TestNextSpin checks the adaptive poll's steps: it doubles from
 // MinAutoSpin up to MaxAutoSpin while sleeps end within AutoSpinWindow of
 // the last activity, and halves, to nothing below MinAutoSpin, after
