@@ -247,7 +247,7 @@ type Counters struct {
 	Duplicates              uint64 // reliable frames received twice
 	OutOfOrder              uint64 // frames held until the ones before them arrived
 	AcksOut, AcksIn         uint64 // explicit acks
-	AcksBundled             uint64 // of AcksOut, those that rode in another peer's ack frame (tAcks)
+	AcksBundled             uint64 // of AcksOut, those that rode in a frame to another peer (an ack bundle, tAcks, or a pull request)
 	Unexpected              uint64 // messages that matched no posted receive
 	UnexpectedBytes         uint64 // eager bytes held for them
 	UnexpectedBytesNow      int    // held now

@@ -889,6 +889,7 @@ func (g *engine) dispatch(f []byte, now int64) {
 		g.badFrames++
 		return
 	}
+	var riders []byte // acks to other endpoints riding with a pull request
 	switch h.typ {
 	case tHostQuery, tHostReply:
 		g.onHost(f, &h)
@@ -896,32 +897,56 @@ func (g *engine) dispatch(f []byte, now int64) {
 	case tAcks:
 		g.onAcks(f, &h, now)
 		return
+	case tPullReq:
+		if _, riders = typeHdr(f, &h); !validAckEntries(riders) {
+			g.badFrames++
+			return
+		}
 	}
-	e := g.eps[h.dstEP]
-	if e == nil {
+	if e := g.eps[h.dstEP]; e != nil {
+		e.handle(f, &h, now)
+	} else {
 		g.badFrames++
 		if h.typ == tConnect || h.typ.reliable() {
 			g.nackNoEndpoint(f, &h)
 		}
-		return
 	}
-	e.handle(f, &h, now)
+	if len(riders) > 0 {
+		g.ackEntries(f, &h, riders, now)
+	}
+}
+
+// validAckEntries reports whether b is a list of ack entries a bundle
+// (tAcks) or a pull request may carry: a whole number of them, at most
+// maxAckEntries. A frame with any other payload is dropped whole.
+func validAckEntries(b []byte) bool {
+	return len(b)%ackEntryLen == 0 && len(b) <= maxAckEntries*ackEntryLen
 }
 
 // onAcks hands each ack of a bundle to its endpoint as a tAck frame of
-// its own: the one its common header carries, then its entries. A bundle
-// whose payload is not a whole number of entries is dropped whole.
+// its own: the one its common header carries, then its entries.
 //
 // +checklocks:g.mu
 func (g *engine) onAcks(f []byte, h *header, now int64) {
 	_, entries := typeHdr(f, h)
-	if len(entries)%ackEntryLen != 0 || len(entries) > maxAckEntries*ackEntryLen {
+	if !validAckEntries(entries) {
 		g.badFrames++
 		return
 	}
 	one := *h
 	one.typ, one.payloadLen = tAck, 0
 	g.ackTo(f, &one, now)
+	g.ackEntries(f, h, entries, now)
+}
+
+// ackEntries hands each ack entry of frame f (a bundle, or a pull request
+// with acks riding along; h its header) to its endpoint as a tAck frame
+// of its own, from h's source.
+//
+// +checklocks:g.mu
+func (g *engine) ackEntries(f []byte, h *header, entries []byte, now int64) {
+	one := *h
+	one.typ, one.flags, one.seq, one.payloadLen = tAck, 0, 0, 0
 	var a ackEntry
 	for ; len(entries) > 0; entries = entries[ackEntryLen:] {
 		a.decode(entries)

@@ -299,7 +299,8 @@ func FuzzTypeHeaders(f *testing.F) {
 			getConnect(th)
 		case tConnectReply:
 			getConnReply(th)
-		case tAcks:
+		}
+		if ft == tAcks || ft == tPullReq { // their payload: ack entries
 			var a ackEntry
 			for e := payload; len(e) >= ackEntryLen; e = e[ackEntryLen:] {
 				a.decode(e)
@@ -622,15 +623,18 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 	host := !bad && (h.typ == tHostQuery || h.typ == tHostReply)
 	// The frames dispatch hands to endpoints: f, or each ack of a bundle
 	// as a tAck of its own.
+	// A pull request is handed over itself, then the acks riding with it.
 	hs := []header{h}
-	if !bad && h.typ == tAcks {
+	if !bad && (h.typ == tAcks || h.typ == tPullReq) {
 		_, ents := typeHdr(f, &h)
 		if len(ents)%ackEntryLen != 0 || len(ents) > maxAckEntries*ackEntryLen {
 			bad, hs = true, nil
 		} else {
 			one := h
-			one.typ, one.payloadLen = tAck, 0
-			hs = []header{one}
+			one.typ, one.flags, one.seq, one.payloadLen = tAck, 0, 0, 0
+			if h.typ == tAcks {
+				hs = []header{one}
+			}
 			for ; len(ents) > 0; ents = ents[ackEntryLen:] {
 				var a ackEntry
 				a.decode(ents)

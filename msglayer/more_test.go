@@ -946,3 +946,74 @@ func TestAckBundles(t *testing.T) {
 		t.Fatalf("clients got %d acks and retransmitted %d frames; want %d or more, 0", acksIn, retrans, clients)
 	}
 }
+
+// TestAcksRideWithPullRequests: the acks a server owes the endpoints of a
+// client host whose records wait (no receive posted for them) ride in the
+// pull request it sends to another endpoint of that host, and reach them
+// long before the server would have sent them on their own.
+func TestAcksRideWithPullRequests(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	// Alone, the server's acks would wait 30 s; the clients' timeouts
+	// are longer still.
+	srv := w.open(t, 0, msglayer.Config{EndpointID: 1, Key: 0xa, AckDelay: 30 * time.Second})
+	const clients, size = 3, 64 << 10
+	ctx := ctxFor(t, 20*time.Second)
+	cls := make([]*msglayer.Endpoint, clients)
+	for i := range cls {
+		cls[i] = w.open(t, 1, msglayer.Config{EndpointID: uint8(2 + i), Key: 0xb, InitialRTO: time.Minute, MinRTO: time.Minute})
+		if err := cls[i].Connect(ctx, srv.Addr(), 0xa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sends := make([]msglayer.Request, clients)
+	for i, c := range cls {
+		var err error
+		if sends[i], err = c.Isend(srv.Addr(), uint64(i), [][]byte{message(i, size)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	waitUntil("the records", func() bool { return srv.Counters().Unexpected == clients })
+	if c := srv.Counters(); c.AcksOut != 0 {
+		t.Fatalf("server sent %d acks before pulling, want 0 (they wait 30 s)", c.AcksOut)
+	}
+	recv := func(i int) {
+		t.Helper()
+		buf := make([]byte, size)
+		r, err := srv.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := srv.Wait(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(buf, message(i, size)) {
+			t.Fatalf("message from client %d corrupted", i)
+		}
+	}
+	recv(0) // the pull from client 0 carries the others' acks
+	if c := srv.Counters(); c.AcksBundled != clients-1 {
+		t.Fatalf("server: %d acks rode with other frames, want %d", c.AcksBundled, clients-1)
+	}
+	for i := 1; i < clients; i++ {
+		waitUntil(fmt.Sprintf("client %d's ack", i), func() bool { return cls[i].Counters().AcksIn > 0 })
+	}
+	for i := 1; i < clients; i++ {
+		recv(i)
+	}
+	for i, cl := range cls {
+		if _, err := cl.Wait(ctx, sends[i]); err != nil {
+			t.Fatal(err)
+		}
+		if n := cl.Counters().Retransmits; n != 0 {
+			t.Errorf("client %d retransmitted %d frames", i, n)
+		}
+	}
+}

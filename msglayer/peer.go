@@ -398,7 +398,7 @@ func (p *peer) sendAck() {
 	e := p.ep
 	e.stats.AcksOut++
 	if p.oooCount == 0 && len(e.acksDue) > 1 && p.bundles() {
-		p.sendCtl(tAcks, 0, p.bundleAcks)
+		p.sendCtl(tAcks, 0, func(b []byte) int { return p.bundleAcks(b, ackRoom(p.mtu, acksHdrLen), false) })
 		return
 	}
 	p.sendCtl(tAck, 0, func(b []byte) int {
@@ -442,30 +442,47 @@ func (p *peer) rides(q *peer) bool {
 	return q != p && q.ackDue != 0 && q.oooCount == 0 && q.connected && q.local == nil && q.addr.MAC == p.addr.MAC
 }
 
-// bundleAcks writes the entries of p's ack bundle into b: the delayed
-// acks of other peers on p's host (rides), as many as the frame holds,
-// which count as sent. It returns their length.
+// bundleAcks writes the entries of an ack bundle riding in a frame to p
+// into b: the delayed acks of other peers on p's host (rides), at most
+// room, which count as sent. It returns their length. With prune it also
+// drops from acksDue the peers that owe no ack any more (theirs went out
+// in another frame), so that a server pulling from many clients does not
+// walk them at every pull request; flushAcks, which walks acksDue, must
+// not be under way.
 //
 // +checklocks:p.ep.eng.mu
-func (p *peer) bundleAcks(b []byte) int {
+func (p *peer) bundleAcks(b []byte, room int, prune bool) int {
 	e := p.ep
-	room := min(maxAckEntries, (p.mtu-commonLen)/ackEntryLen)
-	n := 0
+	n, kept := 0, 0
 	for _, q := range e.acksDue {
-		if n >= room {
-			break
+		if n < room && p.rides(q) {
+			a := ackEntry{dstEP: q.addr.EP, dstSession: q.remoteSession, ack: q.expected}
+			a.put(b[n*ackEntryLen:])
+			q.ackSent()
+			e.stats.AcksOut++
+			e.stats.AcksBundled++
+			n++
 		}
-		if !p.rides(q) {
-			continue
+		if prune {
+			if q.ackDue == 0 {
+				q.inAcksDue = false
+				continue
+			}
+			e.acksDue[kept] = q
+			kept++
 		}
-		a := ackEntry{dstEP: q.addr.EP, dstSession: q.remoteSession, ack: q.expected}
-		a.put(b[n*ackEntryLen:])
-		q.ackSent()
-		e.stats.AcksOut++
-		e.stats.AcksBundled++
-		n++
+	}
+	if prune {
+		clear(e.acksDue[kept:])
+		e.acksDue = e.acksDue[:kept]
 	}
 	return n * ackEntryLen
+}
+
+// ackRoom is how many ack entries fit in a frame to a peer of path MTU
+// mtu after a type header of thLen bytes.
+func ackRoom(mtu, thLen int) int {
+	return max(0, min(maxAckEntries, (mtu-commonLen-thLen)/ackEntryLen))
 }
 
 // onAck processes a cumulative ack: frames below ack are delivered.

@@ -297,9 +297,14 @@ func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 		// A Get pulls from a registered region of the peer.
 		flags, req.key, req.base = flagRegion, r.regionKey, r.regionOff
 	}
-	pl.peer.sendCtl(tPullReq, flags, func(th []byte) int {
+	p := pl.peer
+	p.sendCtl(tPullReq, flags, func(th []byte) int {
 		req.put(th)
-		return 0
+		// The delayed acks the endpoint owes other endpoints of p's host
+		// ride along, as in a bundle (tAcks): a server whose receives
+		// are all taken acks the records of the clients it pulls from
+		// next without frames, or wake-ups, of their own.
+		return p.bundleAcks(th[pullReqHdrLen:], ackRoom(p.mtu, pullReqHdrLen), true)
 	})
 }
 

@@ -43,7 +43,7 @@ const (
 	tNop          frameType = 4  // reliable: fills sequence numbers of a message converted to rendezvous
 	tAck          frameType = 5  // explicit cumulative ack + selective-ack bitmap
 	tNack         frameType = 6  // a frame was refused (reason, sequence number)
-	tPullReq      frameType = 7  // receiver asks for frames of a rendezvous block
+	tPullReq      frameType = 7  // receiver asks for frames of a rendezvous block (+ ackEntry list)
 	tPullReply    frameType = 8  // one frame of rendezvous data
 	tConnect      frameType = 9  // connect request: key, connect id
 	tConnectReply frameType = 10 // connect answer: connect id, status
@@ -395,7 +395,8 @@ func getU32U32(b []byte) (uint32, uint32) {
 // An ack bundle (tAcks) carries, after the ack of its common header, the
 // cumulative acks of other endpoints of the destination host that the
 // sending endpoint owes one: one frame, and one wake-up of that host's
-// driver, for all of them.
+// driver, for all of them. A pull request carries the same list as its
+// payload (often empty): the acks ride with it.
 
 // ackEntry is one ack of a bundle: to endpoint dstEP, whose session the
 // sender knows as dstSession, every frame below ack arrived.
