@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,6 +153,8 @@ type Summary struct {
 	GoodputMax float64 `json:"goodput_max_mbps"`
 	P99Min     float64 `json:"p99_min_us"`
 	P99Max     float64 `json:"p99_max_us"`
+	// Goodputs is each round's goodput, in round order.
+	Goodputs []float64 `json:"goodputs_mbps"`
 }
 
 // Target is one acceptance check.
@@ -462,6 +465,7 @@ func summarize(points []Point) []Summary {
 		for _, p := range group {
 			s.GoodputMin, s.GoodputMax = min(s.GoodputMin, p.GoodputMBps), max(s.GoodputMax, p.GoodputMBps)
 			s.P99Min, s.P99Max = min(s.P99Min, p.P99us), max(s.P99Max, p.P99us)
+			s.Goodputs = append(s.Goodputs, p.GoodputMBps)
 			s.Errors = append(s.Errors, p.Errors...)
 		}
 		out = append(out, s)
@@ -480,11 +484,7 @@ func medianPoint(ps []Point) Point {
 		for i, p := range ps {
 			v[i] = get(p)
 		}
-		slices.Sort(v)
-		if len(v)%2 == 1 {
-			return v[len(v)/2]
-		}
-		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+		return median(v)
 	}
 	mx := func(get func(Point) float64) float64 {
 		r := 0.0
@@ -554,11 +554,15 @@ func targets(sum []Summary) []Target {
 	if best > 0 {
 		ratio = last.GoodputMBps / best
 	}
+	spread := ""
+	if lo, hi, ok := ratioInterval(sum, 0.9); ok {
+		spread = fmt.Sprintf("; %.2f..%.2f with 90 %% confidence (bootstrap over rounds)", lo, hi)
+	}
 	growth := float64(last.ServerRSSKiB-first.ServerRSSKiB) / 1024
 	bound := float64(last.UnexpBound) / (1 << 20)
 	return []Target{
 		{Name: fmt.Sprintf("goodput at N=%d >= 0.95 x best", last.N), Value: ratio, Limit: 0.95, Pass: ratio >= 0.95,
-			Detail: fmt.Sprintf("%.0f MB/s at N=%d; best %.0f MB/s at N=%d (medians over rounds)", last.GoodputMBps, last.N, best, bestN)},
+			Detail: fmt.Sprintf("%.2f: %.0f MB/s at N=%d; best %.0f MB/s at N=%d (medians over rounds)%s", ratio, last.GoodputMBps, last.N, best, bestN, spread)},
 		{Name: "retransmitted bytes <= 1 % of goodput at every N", Value: worstPct, Limit: 1, Pass: worstPct <= 1,
 			Detail: fmt.Sprintf("worst %.2f %% at N=%d", worstPct, worstN)},
 		{Name: "server memory bounded", Value: growth, Limit: bound, Pass: unexpOver == 0 && growth <= bound,
@@ -568,6 +572,56 @@ func targets(sum []Summary) []Target {
 	}
 }
 
+// ratioInterval is the two-sided confidence interval (conf, e.g. 0.9) of
+// the goodput target's ratio, the last count's median over the best
+// median, by the percentile bootstrap: each draw resamples every count's
+// rounds with replacement and takes the ratio of the medians again, best
+// count included (the largest of several noisy medians is biased upwards,
+// and so is each draw's). The draws are seeded: the same rounds give the
+// same interval. ok is false below three rounds per count.
+func ratioInterval(sum []Summary, conf float64) (lo, hi float64, ok bool) {
+	const draws = 4000
+	for _, s := range sum {
+		if len(s.Goodputs) < 3 {
+			return 0, 0, false
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	ratios := make([]float64, 0, draws)
+	var sample []float64
+	for range draws {
+		best, last := 0.0, 0.0
+		for _, s := range sum {
+			sample = sample[:0]
+			for range s.Goodputs {
+				sample = append(sample, s.Goodputs[rng.IntN(len(s.Goodputs))])
+			}
+			last = median(sample)
+			best = max(best, last)
+		}
+		if best > 0 {
+			ratios = append(ratios, last/best)
+		}
+	}
+	if len(ratios) == 0 {
+		return 0, 0, false
+	}
+	slices.Sort(ratios)
+	tail := (1 - conf) / 2
+	at := func(q float64) float64 { return ratios[min(len(ratios)-1, int(q*float64(len(ratios))))] }
+	return at(tail), at(1 - tail), true
+}
+
+// median returns the median of v, which it sorts.
+func median(v []float64) float64 {
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+// table writes the sweep as table.txt shows it.
 func table(w io.Writer, res *Results) {
 	fmt.Fprintf(w, "# xmx manyclients, %s; %v\n", res.Date, res.Machine["summary"])
 	fmt.Fprintf(w, "# %v-byte messages, window %v per client, %v s per point, server: %v receives posted, unexpected bound %v B, rendezvous %v\n",
