@@ -60,6 +60,8 @@ type Lab struct {
 	BridgeNamespace string
 	MTU             int
 	Netem           string
+
+	reap bool // the reaper removes the lab should this process die first
 }
 
 // Host is one namespace of a lab.
@@ -156,7 +158,10 @@ func exists(p string) bool {
 var upNames sync.Map
 
 // Up runs "scripts/lab up" (which keeps an existing lab of the same name and
-// shape, and recreates one of another shape) and reads every host back.
+// shape, and recreates one of another shape) and reads every host back. A
+// lab whose name Up made up (Options.Name empty) belongs to this process:
+// should the process die before [Lab.Down] removed it, a reaper process
+// removes it then.
 func Up(opts Options) (*Lab, error) {
 	if opts.Hosts == 0 {
 		opts.Hosts = DefaultHosts
@@ -167,8 +172,14 @@ func Up(opts Options) (*Lab, error) {
 	if opts.Queues == 0 {
 		opts.Queues = DefaultQueues
 	}
-	if opts.Name == "" {
+	ours := opts.Name == ""
+	if ours {
 		opts.Name = uniqueName()
+		// Listed before it exists: a lab half made when this process dies
+		// goes too.
+		if err := reapLater(opts.Name); err != nil {
+			return nil, err
+		}
 	} else if !nameRE.MatchString(opts.Name) {
 		return nil, fmt.Errorf("netlab: invalid Name %q: must be 1-8 characters from [a-z0-9]", opts.Name)
 	}
@@ -183,7 +194,7 @@ func Up(opts Options) (*Lab, error) {
 		return nil, err
 	}
 	upNames.Store(opts.Name, true)
-	l := &Lab{Name: opts.Name, MTU: opts.MTU, Netem: opts.Netem}
+	l := &Lab{Name: opts.Name, MTU: opts.MTU, Netem: opts.Netem, reap: ours}
 	if opts.Hosts > 2 || opts.Netem != "" {
 		l.BridgeNamespace = opts.Name + "-br"
 	}
@@ -261,6 +272,9 @@ func (l *Lab) Down() error {
 		return nil
 	}
 	_, err := runScript("down", "--name", l.Name)
+	if err == nil && l.reap {
+		reaped(l.Name)
+	}
 	return err
 }
 
@@ -276,8 +290,9 @@ func (l *Lab) Host(name string) *Host {
 }
 
 // New brings a lab up for a test and removes it in tb.Cleanup, so it goes away
-// even when the test fails or panics (but not when the test binary is killed,
-// e.g. by -timeout; "scripts/lab down --all" removes such leftovers). It calls
+// when the test fails or panics; when the test binary dies before the
+// cleanup runs (a panic in a subtest ends it before its parents' cleanups,
+// a -timeout, a kill), the reaper removes it (see [Up]). It calls
 // [RequirePrivileged] first.
 func New(tb testing.TB, opts Options) *Lab {
 	tb.Helper()

@@ -3,9 +3,11 @@
 package netlab
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -593,10 +595,66 @@ func TestCleanupOnFailure(t *testing.T) {
 	}
 }
 
+// TestReaper runs a child test process that brings up a lab of a name
+// netlab makes up and then dies before the lab's cleanup can run: a
+// sub-benchmark panics (which ends the process before its parent's
+// cleanups run), or the process is killed. The reaper must remove the lab.
+func TestReaper(t *testing.T) {
+	t.Parallel()
+	RequirePrivileged(t)
+	for _, mode := range []string{"panic-in-benchmark", "killed"} {
+		t.Run(mode, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailingLab$", "-test.v", "-test.count=1")
+			if mode == "panic-in-benchmark" {
+				cmd = exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^BenchmarkHelperFailingLab$", "-test.benchtime=1x")
+			}
+			cmd.Env = append(os.Environ(), "NETLAB_HELPER_MODE="+mode)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = cmd.Stdout
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var name string
+			var log bytes.Buffer
+			sc := bufio.NewScanner(out)
+			for name == "" && sc.Scan() {
+				log.WriteString(sc.Text() + "\n")
+				if n, ok := strings.CutPrefix(sc.Text(), "LAB-IS-UP "); ok {
+					name = n
+				}
+			}
+			if mode == "killed" && name != "" {
+				cmd.Process.Kill()
+			}
+			rest, _ := io.ReadAll(out)
+			log.Write(rest)
+			if err := cmd.Wait(); err == nil || name == "" {
+				t.Fatalf("helper: %v, lab %q; want a death with a lab up:\n%s", err, name, log.Bytes())
+			}
+			for deadline := time.Now().Add(20 * time.Second); len(labNamespaces(t, name)) > 0; time.Sleep(50 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					p, _ := Script()
+					exec.Command(p, "down", "--name", name).Run()
+					t.Fatalf("lab %s survived its process (%s) by 20 s:\n%s", name, mode, log.Bytes())
+				}
+			}
+		})
+	}
+}
+
 func TestHelperFailingLab(t *testing.T) {
 	mode, name := os.Getenv("NETLAB_HELPER_MODE"), os.Getenv("NETLAB_HELPER_NAME")
 	if mode == "" {
-		t.Skip("helper for TestCleanupOnFailure")
+		t.Skip("helper for TestCleanupOnFailure and TestReaper")
+	}
+	if mode == "killed" {
+		l := New(t, Options{})
+		fmt.Println("LAB-IS-UP", l.Name)
+		time.Sleep(time.Minute)
+		return
 	}
 	t.Run("sub", func(t *testing.T) {
 		l := New(t, Options{Name: name, Hosts: 3})
@@ -606,4 +664,13 @@ func TestHelperFailingLab(t *testing.T) {
 		}
 		t.Fatal("deliberate failure with a lab up")
 	})
+}
+
+func BenchmarkHelperFailingLab(b *testing.B) {
+	if os.Getenv("NETLAB_HELPER_MODE") == "" {
+		b.Skip("helper for TestReaper")
+	}
+	l := New(b, Options{}) // removed by a cleanup that the panic below skips
+	fmt.Println("LAB-IS-UP", l.Name)
+	b.Run("sub", func(b *testing.B) { panic("deliberate panic in a sub-benchmark") })
 }
