@@ -50,7 +50,7 @@ type Config struct {
 	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
 	UnexpectedBytes     int // bound on unexpected eager data held (default 8 MiB)
 	MaxUnexpectedRndv   int // bound on unexpected rendezvous records (default 65536)
-	Window              int // reliable frames in flight per peer (default 256)
+	Window              int // reliable frames in flight per peer, a power of two (default 256)
 	AckDelay            time.Duration
 	AckEvery            int
 	InitialRTO          time.Duration
@@ -166,8 +166,10 @@ func (c *Config) setDefaults() error {
 			return &ArgError{Arg: v.name, Err: fmt.Errorf("%d is negative", v.v)}
 		}
 	}
-	if c.Window < 2 || c.Window > 1<<15 {
-		return &ArgError{Arg: "Window", Err: fmt.Errorf("%d: want 2..32768", c.Window)}
+	if c.Window < 2 || c.Window > 1<<15 || c.Window&(c.Window-1) != 0 {
+		// A power of two divides 2^32: sequence numbers map to the same
+		// window slots across their wrap.
+		return &ArgError{Arg: "Window", Err: fmt.Errorf("%d: want a power of two from 2 to 32768", c.Window)}
 	}
 	if c.ContextIDBits > 8 || c.ContextIDBits > 0 && c.ContextIDShift+c.ContextIDBits > 64 {
 		return &ArgError{Arg: "ContextIDBits", Err: fmt.Errorf("%d bits at bit %d: want 0..8 bits within the 64-bit match info", c.ContextIDBits, c.ContextIDShift)}

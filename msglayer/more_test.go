@@ -154,8 +154,10 @@ func TestArgErrors(t *testing.T) {
 	if _, err := a.Irecv(3, 1, nil, nil); !errors.As(err, &ae) || !errors.Is(err, msglayer.ErrBadMatchMask) {
 		t.Fatalf("bad mask: %v", err)
 	}
-	if _, err := msglayer.Open(msglayer.Config{Window: 1}); err == nil {
-		t.Fatal("Open with Window 1 succeeded")
+	for _, w := range []int{1, 3, 100, 1 << 16} {
+		if _, err := msglayer.Open(msglayer.Config{Window: w}); !errors.As(err, &ae) || ae.Arg != "Window" {
+			t.Fatalf("Open with Window %d: %v, want an error naming Window", w, err)
+		}
 	}
 	if _, err := msglayer.Open(msglayer.Config{Interface: "", Link: nil}); err == nil {
 		t.Fatal("Open without interface or link succeeded")

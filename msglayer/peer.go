@@ -148,28 +148,43 @@ func (p *peer) reset(code Code) {
 // +checklocks:p.ep.eng.mu
 func (p *peer) failAll(code Code) {
 	e := p.ep
-	// Messages in the window and waiting for it.
+	// Sends: in the window, waiting for it, and rendezvous offered to the
+	// peer. One send may be all three (a message partly framed, or a
+	// rendezvous record in flight), and completing a forgotten request
+	// recycles it at once: take each off every list first, then complete
+	// it once.
+	var sends []*request
+	failing := map[*request]bool{}
+	fail := func(r *request) {
+		if r != nil && !r.done && !failing[r] {
+			failing[r] = true
+			sends = append(sends, r)
+		}
+	}
 	for i := range p.win {
 		s := &p.win[i]
-		if s.used && s.req != nil && !s.req.done {
-			e.complete(s.req, code)
+		if s.used {
+			fail(s.req)
 		}
 		s.req = nil
 	}
 	for r := p.sendHead; r != nil; {
 		next := r.snext
 		p.removeSend(r)
-		e.complete(r, code)
+		fail(r)
 		r = next
 	}
-	// Rendezvous sends to the peer and pulls from it.
 	for id, r := range e.rndvs {
 		if r.peer == p {
 			delete(e.rndvs, id)
 			p.rndvs--
-			e.complete(r, code)
+			fail(r)
 		}
 	}
+	for _, r := range sends {
+		e.complete(r, code)
+	}
+	// Pulls from the peer.
 	for _, pl := range e.pulls {
 		if pl.peer == p {
 			e.endPull(pl, code)

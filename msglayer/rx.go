@@ -213,11 +213,15 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		if res == gone {
 			return
 		}
+		// Handled or not, the frame leaves its slot: one dropped (no
+		// room yet) comes again from the sender, which it was not acked
+		// to, and a copy left here would be taken for frame
+		// expected+Window once the sequence numbers come round to it.
+		p.releaseOOO(s)
+		p.oooCount--
 		if res == dropped {
 			break
 		}
-		p.releaseOOO(s)
-		p.oooCount--
 		if res == refused {
 			// The rendezvous version of this message will come with the
 			// same sequence number.

@@ -1,0 +1,132 @@
+package msglayer
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// connectedPair opens endpoints a (id 1) and b (id 2) on two links of one
+// in-memory segment and connects them both ways.
+func connectedPair(t *testing.T, ca, cb Config) (a, b *Endpoint, la, lb *xdp.MemLink) {
+	t.Helper()
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb = hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	ca.Link, cb.Link = la, lb
+	ca.EndpointID, cb.EndpointID = 1, 2
+	ca.Key, cb.Key = 0xa, 0xb
+	var err error
+	if a, err = Open(ca); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open(cb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Connect(ctx, a.Addr(), 0xa); err != nil {
+		t.Fatal(err)
+	}
+	return a, b, la, lb
+}
+
+// forgeFrom builds a frame of type typ from a to b with sequence number
+// seq and type header th (no payload), as a would send it.
+func forgeFrom(a, b *Endpoint, typ frameType, seq uint32, th []byte) []byte {
+	f := make([]byte, hdrLen+typeHdrLen[typ])
+	h := header{typ: typ, dstEP: b.id, srcEP: a.id, dstSession: b.session, srcSession: a.session, seq: seq}
+	copy(putHeader(f, &b.eng.mac, &a.eng.mac, a.eng.ethType, &h), th)
+	return f
+}
+
+// TestHeldFrameDroppedLeavesNoCopy: a frame held out of order that is then
+// dropped (no room for another rendezvous record) leaves its slot. A copy
+// left there used to be taken, a window later, for the frame whose sequence
+// number maps to the same slot: the record was queued twice and that frame
+// was lost as a "duplicate".
+func TestHeldFrameDroppedLeavesNoCopy(t *testing.T) {
+	const w = 8
+	a, b, la, _ := connectedPair(t, Config{}, Config{Window: w})
+	la.Partition(true) // only the frames forged below reach b from a
+	g := b.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := b.peers[a.Addr()]
+	e0, unexp0 := p.expected, b.stats.Unexpected
+	rb := make([]byte, rndvHdrLen)
+	(&rndvHdr{match: 77, msgLen: 1 << 20, rndvID: 1234}).put(rb)
+
+	b.unexpRndv = b.cfg.MaxUnexpectedRndv // no room: a record is dropped
+	g.dispatch(forgeFrom(a, b, tRndv, e0+1, rb), 1)
+	g.dispatch(forgeFrom(a, b, tNop, e0, nil), 1)
+	if p.expected != e0+1 || p.oooCount != 0 {
+		t.Fatalf("after the held record was dropped: expected +%d, %d held; want +1, 0", p.expected-e0, p.oooCount)
+	}
+	b.unexpRndv = 0
+	g.dispatch(forgeFrom(a, b, tRndv, e0+1, rb), 1) // its retransmission, in order
+	for s := e0 + 2; s != e0+2+w; s++ {
+		g.dispatch(forgeFrom(a, b, tNop, s, nil), 1)
+	}
+	if p.expected != e0+2+w || b.stats.Unexpected-unexp0 != 1 || b.stats.Duplicates != 0 {
+		t.Fatalf("expected +%d (want +%d), %d records queued (want 1), %d duplicates (want 0)",
+			p.expected-e0, 2+w, b.stats.Unexpected-unexp0, b.stats.Duplicates)
+	}
+}
+
+// TestResetForgottenSends: a peer reset completes each pending send once,
+// also a forgotten one that holds window slots and waits in the send queue
+// (completing it recycles it), and a forgotten rendezvous send; the sends
+// queued behind them complete too.
+func TestResetForgottenSends(t *testing.T) {
+	a, b, _, lb := connectedPair(t, Config{Window: 2}, Config{})
+	lb.Partition(true) // no acks: sends stay pending
+	// Two frames in the window, the rest queued.
+	big, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 5*1400)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rndv, err := a.Isend(b.Addr(), 2, [][]byte{make([]byte, 100<<10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, err := a.Isend(b.Addr(), 3, [][]byte{make([]byte, 10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Forget(big)
+	a.Forget(rndv)
+	g := a.eng
+	g.mu.Lock()
+	p := a.peers[b.Addr()]
+	if p.sendHead == nil {
+		g.mu.Unlock()
+		t.Fatal("nothing waits for the window: the test needs a queued send")
+	}
+	free := len(a.free)
+	p.reset(Unreachable)
+	recycled := map[*request]int{}
+	for _, r := range a.free[free:] {
+		recycled[r]++
+	}
+	bigR, rndvR := big.r, rndv.r
+	g.mu.Unlock()
+	if len(recycled) != 2 || recycled[bigR] != 1 || recycled[rndvR] != 1 {
+		t.Errorf("recycled %d requests (%v); want the two forgotten sends once each", len(a.free)-free, recycled)
+	}
+	if p.sendHead != nil || p.rndvs != 0 || len(a.rndvs) != 0 {
+		t.Errorf("after the reset: send queue empty %v, %d rendezvous with the peer, %d offered; want true, 0, 0",
+			p.sendHead == nil, p.rndvs, len(a.rndvs))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if st, _ := a.Wait(ctx, small); st.Code != Unreachable {
+		t.Errorf("send queued behind: %v, want %v", st.Code, Unreachable)
+	}
+}
