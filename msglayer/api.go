@@ -82,6 +82,9 @@ func (e *Endpoint) sendConnect(r *request, now int64) {
 	g := e.eng
 	b := g.scratchBuf()
 	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session}
+	if p := e.peers[r.connAddr]; p != nil {
+		h.seq = p.nextSeq // a new record starts at 0
+	}
 	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
 	g.queue(b[:frameLen(tConnect, 0)], nil)
@@ -122,9 +125,9 @@ func (e *Endpoint) Disconnect(a Addr) {
 		if p.local == nil && p.connected {
 			p.sendCtl(tDisconnect, 0, nil)
 		}
+		// The record stays: its sequence numbers go on from here, which
+		// tells the peer at the next connect that this side forgot.
 		p.reset(Aborted)
-		delete(e.peers, a)
-		e.lastPeer = nil
 		p.connected = false
 	}
 	g.flushAndUnlock()

@@ -12,11 +12,18 @@ type peer struct {
 	ep            *Endpoint
 	addr          Addr
 	remoteSession uint32
-	connected     bool      // a connect succeeded (or the peer connected to us)
-	dead          bool      // retransmissions gave up: sends fail until a new connect
-	local         *Endpoint // same-process endpoint: messages skip the NIC
-	mtu           int       // frames to the peer: the smaller of both MTUs
-	tm            timer     // in ep.timers while it has frames in flight or an ack due
+	// lastConnID is the newest connect the peer sent us (0: none since
+	// its session began); a copy of an older one changes nothing.
+	lastConnID uint32
+	// fresh: nothing is known of the peer's sequence numbers (a new
+	// record, or after a reset): the next connect or connect reply tells
+	// them (syncFrom).
+	fresh     bool
+	connected bool      // a connect succeeded (or the peer connected to us)
+	dead      bool      // retransmissions gave up: sends fail until a new connect
+	local     *Endpoint // same-process endpoint: messages skip the NIC
+	mtu       int       // frames to the peer: the smaller of both MTUs
+	tm        timer     // in ep.timers while it has frames in flight or an ack due
 
 	// Send side: frames nextSeq-acked in flight, in the window.
 	nextSeq  uint32
@@ -108,7 +115,7 @@ type inMsg struct {
 //
 // +checklocks:e.eng.mu
 func newPeer(e *Endpoint, a Addr) *peer {
-	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC)}
+	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC), fresh: true}
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
 	for i := range p.win {
@@ -117,11 +124,70 @@ func newPeer(e *Endpoint, a Addr) *peer {
 	return p
 }
 
-// reset forgets the sequence state: the peer restarted or a new session
-// began. Pending operations with the peer complete with code.
+// Sequence numbers across resets. A side that forgets what it exchanged
+// with a peer (it gave up on it, disconnected, was told its session is
+// unknown, or the peer restarted) does not start its sequence numbers
+// again: it moves them half the space on (reset) and learns the peer's
+// anew. Connects and their replies carry the sender's next sequence
+// number (the common header's seq field), so the other side sees the jump
+// at the next connect and drops what it had too (resync), where it would
+// otherwise take the new frames for copies of old ones and acknowledge
+// them unseen; frames of the old exchange still on their way fall half
+// the space away from the new ones, and are dropped as duplicates.
+const seqJump = 1 << 31
+
+// far reports whether sequence numbers a and b are too far apart to be of
+// one exchange (which keeps them within a window of each other).
+func far(a, b uint32) bool {
+	d := int32(a - b)
+	return d >= 1<<30 || d <= -1<<30
+}
+
+// reset forgets the sequence state: the peer restarted, or this side gave
+// up on it or disconnected. Pending operations with the peer complete with
+// code; the next frames go out half the sequence space on, and the peer's
+// sequence numbers are learned at the next connect.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) reset(code Code) {
+	next := p.nextSeq + seqJump
+	p.clear(code)
+	p.nextSeq, p.acked = next, next
+	p.fresh = true
+}
+
+// syncFrom takes the next sequence number next from a connect or connect
+// reply of the peer: learned if nothing is known, else the sign that the
+// peer forgot the exchange (resync) if it is too far from what we expect.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) syncFrom(next uint32) {
+	switch {
+	case p.fresh:
+		p.expected, p.fresh = next, false
+	case far(next, p.expected):
+		p.resync(next)
+	}
+}
+
+// resync forgets the exchange with a peer that forgot it (its sequence
+// numbers jumped): what was in flight either way is lost, pending
+// operations complete with Aborted, and our sequence numbers go on where
+// they were, which the peer learns from our connect or reply.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) resync(peerNext uint32) {
+	next := p.nextSeq
+	p.clear(Aborted)
+	p.nextSeq, p.acked, p.expected = next, next, peerNext
+}
+
+// clear completes every pending operation with the peer with code and
+// empties the window, the frames held out of order and the round-trip
+// estimates; the caller sets the sequence numbers.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) clear(code Code) {
 	e := p.ep
 	p.failAll(code)
 	for i := range p.win {
@@ -132,7 +198,6 @@ func (p *peer) reset(code Code) {
 	for i := range p.ooo {
 		p.releaseOOO(&p.ooo[i])
 	}
-	p.nextSeq, p.acked, p.expected = 0, 0, 0
 	p.ackQueued = false
 	p.oooCount, p.ackPending, p.ackDue, p.ackLazy = 0, 0, 0, false
 	p.refused = false

@@ -130,3 +130,77 @@ func TestResetForgottenSends(t *testing.T) {
 		t.Errorf("send queued behind: %v, want %v", st.Code, Unreachable)
 	}
 }
+
+// exchange sends n messages each way between a and b, matched by info
+// base+i, and checks that every one arrives whole and in order.
+func exchange(t *testing.T, ctx context.Context, a, b *Endpoint, base uint64, n int) {
+	t.Helper()
+	for _, d := range [][2]*Endpoint{{a, b}, {b, a}} {
+		from, to := d[0], d[1]
+		var sends, recvs []Request
+		bufs := make([][]byte, n)
+		for i := range n {
+			bufs[i] = make([]byte, 10)
+			r, err := to.Irecv(base+uint64(i), ^uint64(0), [][]byte{bufs[i]}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recvs = append(recvs, r)
+		}
+		for i := range n {
+			msg := []byte{byte(base), byte(i), 1, 2, 3, 4, 5, 6, 7, 8}
+			s, err := from.Isend(to.Addr(), base+uint64(i), [][]byte{msg}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, s)
+		}
+		for i, r := range recvs {
+			st, err := to.Wait(ctx, r)
+			if err != nil || st.XferLen != 10 || bufs[i][0] != byte(base) || bufs[i][1] != byte(i) {
+				t.Fatalf("message %d from %v: %v, %v, % x", base+uint64(i), from.Addr(), st.Code, err, bufs[i])
+			}
+		}
+		for i, s := range sends {
+			if _, err := from.Wait(ctx, s); err != nil {
+				t.Fatalf("send %d to %v: %v", base+uint64(i), to.Addr(), err)
+			}
+		}
+	}
+}
+
+// TestReconnectAfterForgetting: when one side forgets the exchange with a
+// peer that did not (it gave up on it, or disconnected and the peer never
+// heard), a new connect makes both agree again: messages sent after it
+// arrive, none is acknowledged unseen.
+func TestReconnectAfterForgetting(t *testing.T) {
+	for _, how := range []string{"gave up", "disconnected unheard"} {
+		t.Run(how, func(t *testing.T) {
+			fast := Config{GiveUp: 300 * time.Millisecond, InitialRTO: 20 * time.Millisecond, MinRTO: 20 * time.Millisecond}
+			a, b, la, lb := connectedPair(t, fast, Config{})
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			exchange(t, ctx, a, b, 10, 3)
+			la.Partition(true)
+			lb.Partition(true)
+			switch how {
+			case "gave up":
+				s, err := a.Isend(b.Addr(), 99, [][]byte{make([]byte, 10)}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st, _ := a.Wait(ctx, s); st.Code != Unreachable {
+					t.Fatalf("send across the cut: %v, want %v", st.Code, Unreachable)
+				}
+			case "disconnected unheard":
+				a.Disconnect(b.Addr())
+			}
+			la.Partition(false)
+			lb.Partition(false)
+			if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
+				t.Fatal(err)
+			}
+			exchange(t, ctx, a, b, 20, 5)
+		})
+	}
+}

@@ -60,10 +60,9 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 	case tKeepalive:
 		p.sendAck()
 	case tDisconnect:
+		// The record stays: its sequence numbers go on from here.
 		p.reset(Aborted)
 		p.connected = false
-		delete(e.peers, p.addr)
-		e.lastPeer = nil
 	}
 }
 
@@ -109,6 +108,7 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	key, connID, mtu := getConnect(th)
 	code := Success
+	var next uint32 // our next sequence number to the peer
 	if key != e.cfg.Key {
 		code = BadKey
 	} else {
@@ -116,15 +116,23 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 		if p.remoteSession != 0 && p.remoteSession != h.srcSession {
 			// The peer restarted: what we had with its old self is gone.
 			p.reset(BadSession)
+			p.lastConnID = 0
 		}
 		p.remoteSession = h.srcSession
+		if p.lastConnID == 0 || int32(connID-p.lastConnID) > 0 {
+			// A new connect, not a late copy of an older one (whose
+			// sequence number may predate a reset).
+			p.lastConnID = connID
+			p.syncFrom(h.seq)
+		}
 		p.connected, p.dead, p.local = true, false, nil
 		p.mtu = negotiateMTU(e.eng.mtu, mtu)
 		p.lastHeard = now
+		next = p.nextSeq
 	}
 	g := e.eng
 	b := g.scratchBuf()
-	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
+	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session, seq: next}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
 	g.queue(b[:frameLen(tConnectReply, 0)], nil)
@@ -144,8 +152,10 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 			p := e.peerFor(src)
 			if p.remoteSession != 0 && p.remoteSession != h.srcSession {
 				p.reset(BadSession)
+				p.lastConnID = 0
 			}
 			p.remoteSession = h.srcSession
+			p.syncFrom(h.seq)
 			p.connected, p.dead, p.local = true, false, nil
 			p.mtu = negotiateMTU(e.eng.mtu, mtu)
 			p.lastHeard = now

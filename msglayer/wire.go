@@ -17,7 +17,8 @@ import (
 //	3  u8  source endpoint id
 //	4  u32 destination session: the receiver's session as the sender knows it (0 before connect)
 //	8  u32 source session: the sending endpoint's session
-//	12 u32 sequence number (reliable types; 0 otherwise)
+//	12 u32 sequence number (reliable types; in a connect or connect reply,
+//	       the sender's next one to the receiver; 0 otherwise)
 //	16 u32 cumulative ack: every reliable frame below it from the receiver has arrived
 //	20 u16 flags
 //	22 u16 payload length (bytes after the type header)
