@@ -361,7 +361,9 @@ func (e *Endpoint) collectTo(r *request, st *Status) {
 // error is the status as an error (nil on success) or the context's.
 func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	r := h.r
-	if r == nil {
+	if r == nil || r.liveGen.Load() != h.gen || r.ep != e {
+		// Spent (by Test or another Wait), recycled, or another
+		// endpoint's: waiting on it could last for ever.
 		return Status{}, ErrStaleRequest
 	}
 	// Completion signals r.wake only while someone may sleep on it (the
@@ -526,18 +528,21 @@ func (e *Endpoint) Probe(ctx context.Context, info, mask uint64) (Status, error)
 
 // Cancel takes back an unmatched receive or a pending connect: it then
 // completes with Cancelled and Cancel returns true. A receive that already
-// matched cannot be cancelled (false); sends are refused (ErrNotCancelled).
+// matched cannot be cancelled (false), nor a Get, which is under way from
+// the start; sends are refused (ErrNotCancelled).
 func (e *Endpoint) Cancel(h Request) (bool, error) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !h.valid() {
+	if !h.valid() || h.r.ep != e {
 		return false, ErrStaleRequest
 	}
 	r := h.r
 	switch r.kind {
 	case kindSend:
 		return false, ErrNotCancelled
+	default: // a Get: its pull runs
+		return false, nil
 	case kindRecv:
 		if !r.queued {
 			return false, nil
@@ -566,7 +571,7 @@ func (e *Endpoint) Forget(h Request) error {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !h.valid() {
+	if !h.valid() || h.r.ep != e {
 		return ErrStaleRequest
 	}
 	r := h.r

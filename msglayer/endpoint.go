@@ -484,7 +484,7 @@ func (e *Endpoint) newRequest(kind reqKind, ctx any) *request {
 		r = e.free[n-1]
 		e.free = e.free[:n-1]
 	} else {
-		r = &request{ep: e, wake: make(chan struct{}, 1)}
+		r = &request{requestState: requestState{ep: e, wake: make(chan struct{}, 1)}}
 	}
 	r.kind = kind
 	r.status = Status{Context: ctx}
@@ -503,7 +503,8 @@ func (e *Endpoint) release(r *request) {
 		default:
 		}
 	}
-	*r = request{ep: e, gen: gen, wake: wake}
+	r.requestState = requestState{ep: e, gen: gen, wake: wake}
+	r.liveGen.Store(gen)
 	e.free = append(e.free, r)
 }
 

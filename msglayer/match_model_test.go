@@ -106,7 +106,7 @@ func FuzzMatcher(f *testing.F) {
 					continue // the API rejects a receive that wildcards its context
 				}
 				log = append(log, fmt.Sprintf("post(%#x,%#x)", info, mask))
-				r := &request{kind: kindRecv, info: info, mask: mask}
+				r := &request{requestState: requestState{kind: kindRecv, info: info, mask: mask}}
 				all = append(all, r)
 				got, want := q.post(info, mask), m.post(info, mask)
 				if got != want {

@@ -246,6 +246,17 @@ func (p *peer) failAll(code Code) {
 			fail(r)
 		}
 	}
+	if t := p.local; t != nil {
+		// Same-process rendezvous sends waiting in the peer's unexpected
+		// queue: their data is ours.
+		t.match.eachUnexp(func(u *unexp) {
+			if s := u.localSend; s != nil && s.ep == e {
+				t.match.removeUnexp(u)
+				t.unexpRndv--
+				fail(s)
+			}
+		})
+	}
 	for _, r := range sends {
 		e.complete(r, code)
 	}

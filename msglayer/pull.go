@@ -429,7 +429,13 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			e.stats.PullRepliesLate++
 			return
 		}
-		n := min(uint32(len(payload)), b.offset+b.length-ph.offset)
+		n := min(pl.frameBytes, b.offset+b.length-ph.offset)
+		if uint32(len(payload)) < n {
+			// Shorter than the frame it stands for (a sender always
+			// fills it): the frame stays wanted.
+			e.stats.BadFrames++
+			return
+		}
 		if r := pl.r; r.kind == kindPutTarget {
 			// Our region: hold it for the copy; if it went away meanwhile
 			// (deregistered, unmapped), the Put fails.

@@ -19,8 +19,16 @@ const (
 // request is the engine's record of one operation. Requests are recycled
 // through the endpoint's free list; the user holds a Request handle whose
 // generation must match. All fields are guarded by the engine lock except
-// doneFlag, wake and waiters.
+// doneFlag, wake, waiters and liveGen.
 type request struct {
+	requestState
+	// liveGen is gen, for Wait's look without the lock: release stores
+	// it, outside the state it clears.
+	liveGen atomic.Uint32
+}
+
+// requestState is what release clears.
+type requestState struct {
 	ep   *Endpoint
 	gen  uint32
 	kind reqKind

@@ -1,6 +1,7 @@
 package msglayer
 
 import (
+	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -202,5 +203,139 @@ func TestReconnectAfterForgetting(t *testing.T) {
 			}
 			exchange(t, ctx, a, b, 20, 5)
 		})
+	}
+}
+
+// TestHandleMisuse: a handle that is spent, or another endpoint's, is
+// refused at once by Wait, Cancel and Forget; a Get is not cancelled
+// under way, and completes with its data.
+func TestHandleMisuse(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rb, err := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Cancel(rb); err != ErrStaleRequest {
+		t.Errorf("Cancel of another endpoint's receive: %v, want %v", err, ErrStaleRequest)
+	}
+	if err := a.Forget(rb); err != ErrStaleRequest {
+		t.Errorf("Forget of another endpoint's receive: %v, want %v", err, ErrStaleRequest)
+	}
+	if _, err := a.Wait(ctx, rb); err != ErrStaleRequest {
+		t.Errorf("Wait on another endpoint's receive: %v, want %v", err, ErrStaleRequest)
+	}
+	s, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Wait(ctx, rb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, err := a.Wait(ctx, s); err != ErrStaleRequest {
+		t.Errorf("second Wait: %v, want %v", err, ErrStaleRequest)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("second Wait took %v", d)
+	}
+
+	src := make([]byte, 200000)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	reg, err := b.Register(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Connect(ctx, a.Addr(), 0xa); err != nil {
+		t.Fatal(err)
+	}
+	dst := make([]byte, len(src))
+	get, err := a.IGet(b.Addr(), reg.Mem, 0, [][]byte{dst}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Cancel(get); ok || err != nil {
+		t.Errorf("Cancel of a Get under way: %v, %v; want false, nil", ok, err)
+	}
+	if _, err := a.Wait(ctx, get); err != nil || !bytes.Equal(dst, src) {
+		t.Errorf("Get after a refused Cancel: %v, data intact %v", err, bytes.Equal(dst, src))
+	}
+}
+
+// TestCloseFailsLocalRendezvous: closing an endpoint completes its
+// rendezvous send to another endpoint of the same process that waits,
+// unmatched, in that endpoint's unexpected queue.
+func TestCloseFailsLocalRendezvous(t *testing.T) {
+	la, _ := xdp.NewPair(xdp.MemConfig{})
+	a, err := Open(Config{Link: la, EndpointID: 1, Key: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(Config{Link: la, EndpointID: 2, Key: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, b.Addr(), 7); err != nil {
+		t.Fatal(err)
+	}
+	s, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 100000)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	if st, _ := a.Wait(ctx, s); st.Code != Closed {
+		t.Errorf("the send after Close: %v, want %v", st.Code, Closed)
+	}
+	if _, ok := b.Iprobe(1, ^uint64(0)); ok {
+		t.Error("its record still waits at the receiver")
+	}
+}
+
+// TestShortPullReply: a pull reply shorter than the frame it stands for
+// (no sender sends one; a forged or damaged frame) is counted and dropped,
+// and the frame stays wanted: the pull does not end short of its data.
+func TestShortPullReply(t *testing.T) {
+	a, b, la, _ := connectedPair(t, Config{}, Config{})
+	la.Partition(true) // a's pull requests go nowhere: the replies are forged
+	buf := make([]byte, 64<<10)
+	r, err := a.Irecv(1, ^uint64(0), [][]byte{buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := a.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	a.match.removeRecv(r.r)
+	a.matchedRndv(r.r, a.peers[b.Addr()], 1, uint32(len(buf)), 77, 1)
+	var pl *pull
+	for _, x := range a.pulls {
+		pl = x
+	}
+	if pl == nil {
+		t.Fatal("no pull started")
+	}
+	reply := func(n int) []byte {
+		f := make([]byte, hdrLen+pullReplyHdrLen+n)
+		h := header{typ: tPullReply, dstEP: a.id, srcEP: b.id, dstSession: a.session, srcSession: b.session, payloadLen: n}
+		(&pullReplyHdr{pullID: pl.id}).put(putHeader(f, &a.eng.mac, &b.eng.mac, b.eng.ethType, &h))
+		return f
+	}
+	bad := a.stats.BadFrames
+	g.dispatch(reply(int(pl.frameBytes)-1), 1)
+	if pl.got != 0 || a.stats.BadFrames != bad+1 {
+		t.Fatalf("short reply: %d bytes taken, %d bad frames counted; want 0, 1", pl.got, a.stats.BadFrames-bad)
+	}
+	g.dispatch(reply(int(pl.frameBytes)), 1)
+	if pl.got != pl.frameBytes {
+		t.Fatalf("whole reply: %d bytes taken, want %d", pl.got, pl.frameBytes)
 	}
 }
