@@ -574,8 +574,10 @@ func (e *Endpoint) onNack(p *peer, th []byte, now int64) {
 			e.convert(p, r, seq, now)
 		}
 	case nackBadRndv:
+		// A Get's pull names a region, whose id may equal the
+		// rendezvous': the nack is not for it.
 		for _, pl := range e.pulls {
-			if pl.peer == p && pl.rndvID == seq {
+			if pl.peer == p && pl.rndvID == seq && pl.r.kind != kindGet {
 				e.endPull(pl, Aborted)
 			}
 		}
