@@ -358,7 +358,9 @@ func (e *Endpoint) collectTo(r *request, st *Status) {
 }
 
 // Wait waits for the request to complete and returns its status; the
-// error is the status as an error (nil on success) or the context's.
+// error is the status as an error (nil on success) or the context's. One
+// goroutine at a time may wait on or test a handle: a second Wait on it
+// at the same time may not return before its context ends.
 func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	r := h.r
 	if r == nil || r.liveGen.Load() != h.gen || r.ep != e {
@@ -421,7 +423,11 @@ func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, erro
 			g.mu.Unlock()
 			return st, st.Err()
 		}
-		e.anyWaiters++
+		if e.closed {
+			g.mu.Unlock()
+			return Status{}, ErrClosed
+		}
+		w := e.addAnyWaiter()
 		seen := g.completion.Load()
 		g.mu.Unlock()
 		if testHookWaitAny != nil {
@@ -431,15 +437,14 @@ func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, erro
 			if c := g.completion.Load(); c != seen {
 				seen = c
 				g.mu.Lock()
-				found := e.done.find(info, mask) != nil
+				found := e.closed || e.done.find(info, mask) != nil
 				g.mu.Unlock()
 				return found
 			}
 			return false
-		}, e.anyWake)
+		}, w.wake)
 		g.mu.Lock()
-		e.anyWaiters--
-		e.passAnyWake()
+		e.removeAnyWaiter(w)
 		g.mu.Unlock()
 		if err != nil {
 			return Status{}, err
@@ -473,13 +478,16 @@ func (e *Endpoint) Peek(ctx context.Context) (Request, error) {
 			g.mu.Unlock()
 			return Request{r, r.gen}, nil
 		}
-		e.anyWaiters++
+		if e.closed {
+			g.mu.Unlock()
+			return Request{}, ErrClosed
+		}
+		w := e.addAnyWaiter()
 		seen := g.completion.Load()
 		g.mu.Unlock()
-		err := g.waitFor(ctx, func() bool { return g.completion.Load() != seen }, e.anyWake)
+		err := g.waitFor(ctx, func() bool { return g.completion.Load() != seen }, w.wake)
 		g.mu.Lock()
-		e.anyWaiters--
-		e.passAnyWake()
+		e.removeAnyWaiter(w)
 		g.mu.Unlock()
 		if err != nil {
 			return Request{}, err
@@ -505,24 +513,35 @@ func (e *Endpoint) Probe(ctx context.Context, info, mask uint64) (Status, error)
 	g := e.eng
 	var st Status
 	var ok bool
+	var closed bool
 	seen := ^uint64(0)
 	// Registered as an any-waiter, so that an unexpected arrival wakes
 	// this goroutine even while another one drives the link.
 	g.mu.Lock()
-	e.anyWaiters++
+	if e.closed {
+		g.mu.Unlock()
+		return Status{}, ErrClosed
+	}
+	w := e.addAnyWaiter()
 	g.mu.Unlock()
 	err := g.waitFor(ctx, func() bool {
 		// Unexpected arrivals count as completions for waking purposes.
 		if c := g.completion.Load(); c != seen {
 			seen = c
-			st, ok = e.Iprobe(info, mask)
+			if st, ok = e.Iprobe(info, mask); !ok {
+				g.mu.Lock()
+				closed = e.closed
+				g.mu.Unlock()
+			}
 		}
-		return ok
-	}, e.anyWake)
+		return ok || closed
+	}, w.wake)
 	g.mu.Lock()
-	e.anyWaiters--
-	e.passAnyWake()
+	e.removeAnyWaiter(w)
 	g.mu.Unlock()
+	if err == nil && !ok {
+		err = ErrClosed
+	}
 	return st, err
 }
 

@@ -235,10 +235,20 @@ type Endpoint struct {
 	blockedOnSlot bool
 	// +checklocks:eng.mu
 	stats Counters
-	// anyWake is signalled at every completion outside a group.
-	anyWake chan struct{}
+	// anyWaiting: the goroutines in WaitAny, Peek or Probe, each with a
+	// wake channel of its own, signalled at every completion outside a
+	// group, every unexpected arrival and Close. Each its own: a shared
+	// one was taken by a waiter for which the completion was not, and
+	// the one it was for slept on.
 	// +checklocks:eng.mu
-	anyWaiters int
+	anyWaiting []*anyWaiter
+	// +checklocks:eng.mu
+	anyFree []*anyWaiter // idle records, for the next waits
+}
+
+// anyWaiter is one goroutine waiting in WaitAny, Peek or Probe.
+type anyWaiter struct {
+	wake chan struct{} // capacity 1
 }
 
 // Counters are an endpoint's statistics.
@@ -300,7 +310,6 @@ func Open(cfg Config) (*Endpoint, error) {
 		peers:   map[Addr]*peer{},
 		rndvs:   map[uint32]*request{},
 		pulls:   map[uint32]*pull{},
-		anyWake: make(chan struct{}, 1),
 	}
 	var b [8]byte
 	rand.Read(b[:])
@@ -445,6 +454,9 @@ func (e *Endpoint) Close() error {
 		return nil
 	}
 	e.closed = true
+	// Whoever waits for any completion learns of the close at once,
+	// pending requests or not.
+	e.notifyAny()
 	// Acks owed are sent now: a peer whose last message we took (a
 	// goodbye, say) learns it arrived instead of retransmitting into a
 	// closed endpoint until its send gives up. Lazy ones too: as if
@@ -570,29 +582,50 @@ func (e *Endpoint) complete(r *request, code Code) {
 
 // notifyAny tells the goroutines waiting for any completion or arrival
 // (WaitAny, Peek, Probe) that one happened: it moves the engine's
-// completion count, which they watch, and signals anyWake. With none
-// waiting it costs nothing (no atomic operation).
+// completion count, which they watch, and wakes each. With none waiting
+// it costs nothing (no atomic operation).
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) notifyAny() {
-	if e.anyWaiters > 0 {
-		e.eng.completion.Add(1)
-		e.passAnyWake()
+	if len(e.anyWaiting) == 0 {
+		return
 	}
-}
-
-// passAnyWake signals anyWake if a goroutine waits on it (WaitAny, Peek,
-// Probe). Its waiters share the one wake-up: each that leaves passes it
-// on to the others.
-//
-// +checklocks:e.eng.mu
-func (e *Endpoint) passAnyWake() {
-	if e.anyWaiters > 0 {
+	e.eng.completion.Add(1)
+	for _, w := range e.anyWaiting {
 		select {
-		case e.anyWake <- struct{}{}:
+		case w.wake <- struct{}{}:
 		default:
 		}
 	}
+}
+
+// addAnyWaiter registers the calling goroutine as waiting for any
+// completion and returns its record, for removeAnyWaiter.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) addAnyWaiter() *anyWaiter {
+	var w *anyWaiter
+	if n := len(e.anyFree); n > 0 {
+		w, e.anyFree = e.anyFree[n-1], e.anyFree[:n-1]
+	} else {
+		w = &anyWaiter{wake: make(chan struct{}, 1)}
+	}
+	e.anyWaiting = append(e.anyWaiting, w)
+	return w
+}
+
+// removeAnyWaiter ends w's wait.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) removeAnyWaiter(w *anyWaiter) {
+	if i := slices.Index(e.anyWaiting, w); i >= 0 {
+		e.anyWaiting = slices.Delete(e.anyWaiting, i, i+1)
+	}
+	select {
+	case <-w.wake:
+	default:
+	}
+	e.anyFree = append(e.anyFree, w)
 }
 
 // arm makes timer t (a peer's or a pull's) due at at, or earlier if it is.

@@ -1224,7 +1224,12 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 				stopHook = context.AfterFunc(ctx, g.waker.Wake)
 			}
 			timeout, sleptFrom = g.prepareSleep(100 * time.Millisecond)
+			// Said before the last look: a completion by another
+			// goroutine after the look sees the driver as asleep and
+			// wakes it (signal), one before it is seen by the look.
+			g.inKernel.Store(true)
 			if done() {
+				g.inKernel.Store(false)
 				return nil // completed by a timer or an ack processed just now
 			}
 			if hasDeadline {
@@ -1232,7 +1237,8 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			}
 
 			if timeout <= 0 {
-				timeout = 0
+				timeout = 0 // a poll, not a sleep
+				g.inKernel.Store(false)
 				if err := ctx.Err(); err != nil {
 					return err
 				}
