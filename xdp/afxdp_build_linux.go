@@ -117,7 +117,7 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDP
 	// of the longest (with a tail that may start anywhere in a frame).
 	nd := uint32(l.txDescs(l.maxFrame))
 	if g != nil && l.gatherDsc {
-		nd += uint32(l.maxFrame/int(l.frameSize)) + 2
+		nd = uint32(l.gatherSlots())
 	}
 	maxLen := uint64(l.maxFrame)
 	i := from

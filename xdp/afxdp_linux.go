@@ -401,6 +401,15 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	}
 	l.gatherDsc = l.sg && (cfg.Gather == GatherDescriptors ||
 		cfg.Gather == GatherAuto && (l.zeroCopy || l.maxFrame > int(l.frameSize)))
+	if need := l.gatherSlots(); l.gatherDsc && need > int(l.tx.size) {
+		// A gathered frame reserves more send ring entries than the ring
+		// has: no such send could ever start.
+		if cfg.Gather == GatherDescriptors {
+			return nil, fail("open AF_XDP", fmt.Errorf("frame count %d: a gathered %d-byte frame reserves %d send ring entries, the ring has %d: %w",
+				cfg.NumFrames, l.maxFrame, need, l.tx.size, ErrNotSupported))
+		}
+		l.gatherDsc = false // tails are copied behind their heads
+	}
 
 	l.efd, err = newEventFd()
 	if err != nil {
@@ -789,6 +798,13 @@ func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
 
 // txDescs is the number of TX descriptors (and UMEM frames) a frame of n
 // bytes takes: one, or in multi-buffer mode one per FrameSize bytes.
+// gatherSlots is how many send ring entries a frame with a gathered tail
+// reserves: its head's, and a tail's of the longest frame starting
+// anywhere in a frame.
+func (l *AFXDPLink) gatherSlots() int {
+	return l.txDescs(l.maxFrame) + l.maxFrame/int(l.frameSize) + 2
+}
+
 func (l *AFXDPLink) txDescs(n int) int {
 	fs := int(l.frameSize)
 	if n <= fs {

@@ -383,3 +383,42 @@ func TestAFXDPBufferArea(t *testing.T) {
 			c.GatherZeroCopy(), c.MultiBuffer(), c.ZeroCopy())
 	}
 }
+
+// TestAFXDPGatherSmallRing: a send ring too small for the entries a
+// gathered frame reserves is refused at open when gathering into
+// descriptors is asked for, and makes the link copy tails otherwise:
+// SendGather sends (it used to wait out the send timeout, every time).
+func TestAFXDPGatherSmallRing(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: 9000})
+	cfg := xdp.AFXDPConfig{NumFrames: 8, BufferBytes: 16384, Gather: xdp.GatherDescriptors, Interface: lab.Hosts[0].Interface}
+	if err := lab.Hosts[0].Do(func() error {
+		l, err := xdp.OpenAFXDP(cfg)
+		if err == nil {
+			l.Close()
+		}
+		if !errors.Is(err, xdp.ErrNotSupported) || !strings.Contains(err.Error(), "send ring entries") {
+			t.Errorf("open with descriptors asked for: %v, want a refusal naming the send ring", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{NumFrames: 8, BufferBytes: 16384})
+	b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{})
+	buf, err := a.AllocBuffer(8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := make([]byte, 60)
+	copy(head, b.HardwareAddr())
+	copy(head[6:], a.HardwareAddr())
+	head[12], head[13] = 0x88, 0xb5
+	start := time.Now()
+	if n, err := a.SendGather(1, &spanSender{head: head, tail: xdp.Span{Buf: buf, Len: 100}}); n != 1 || err != nil {
+		t.Fatalf("SendGather: %d, %v after %v", n, err, time.Since(start))
+	}
+	bufs, sizes := [][]byte{make([]byte, 9014)}, []int{0}
+	if n, err := b.Recv(bufs, sizes, 2*time.Second); n != 1 || err != nil || sizes[0] != 160 {
+		t.Fatalf("Recv: %d frames, %v, %d bytes; want 1, nil, 160", n, err, sizes[0])
+	}
+}
