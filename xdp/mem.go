@@ -22,7 +22,8 @@ import (
 //     counted in the sender's Stats.InjectedDuplicate.
 //   - Reorder (drawn only for copies that are not duplicated) holds the copy
 //     back until the next frame on the same path (sender, receiver) has been
-//     queued, and delivers it right after that frame; it is counted in the
+//     queued, and delivers it right after that frame (and its duplicate,
+//     if it has one); it is counted in the
 //     sender's Stats.InjectedReorder when that happens. If no frame follows
 //     on that path within memReorderHold (1 ms), the copy is delivered late
 //     but in order and is not counted. One copy at most is held per path.
@@ -626,8 +627,15 @@ func (l *MemLink) deliver(r *MemLink, data []byte, c *memConf, now int64, own *m
 	if len(r.q) > 0 {
 		oldTop = r.q[0].due
 	}
-	if r.enqueueLocked(f, due, c.queueLen) {
-		// Release the frame held back on this path, if any, right after f.
+	queued := r.enqueueLocked(f, due, c.queueLen)
+	// The copy right behind f, before a frame released below.
+	// (enqueueLocked frees a frame it drops.)
+	if f2 != nil && r.enqueueLocked(f2, due, c.queueLen) {
+		l.stats.injectedDup.Add(1)
+	}
+	if queued {
+		// Release the frame held back on this path, if any, right after f
+		// (and its copy).
 		for i, hf := range r.held {
 			if hf.from != l.index {
 				continue
@@ -651,9 +659,6 @@ func (l *MemLink) deliver(r *MemLink, data []byte, c *memConf, now int64, own *m
 			r.q.fix(f.idx)
 			r.held = append(r.held, f)
 		}
-	}
-	if f2 != nil && r.enqueueLocked(f2, due, c.queueLen) {
-		l.stats.injectedDup.Add(1)
 	}
 	if r.waiting && len(r.q) > 0 && (oldTop < 0 || r.q[0].due < oldTop) {
 		r.waiting = false

@@ -1,6 +1,7 @@
 package xdp
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"net"
@@ -649,4 +650,37 @@ func BenchmarkMemPairPingPong(b *testing.B) {
 	a.Close()
 	z.Close()
 	<-done
+}
+
+// TestMemDuplicateBackToBack: a duplicated frame that releases a frame
+// held for reordering arrives twice, back to back, before the released one.
+func TestMemDuplicateBackToBack(t *testing.T) {
+	a, b := NewPair(MemConfig{Reorder: 1})
+	mk := func(seq byte) []byte {
+		f := make([]byte, 60)
+		copy(f, b.HardwareAddr())
+		copy(f[6:], a.HardwareAddr())
+		f[14] = seq
+		return f
+	}
+	a.Send([][]byte{mk(1)}) // held for reordering
+	a.Hub().SetConfig(MemConfig{Duplicate: 1})
+	a.Send([][]byte{mk(2)}) // duplicated, and releases 1
+	bufs, sizes := make([][]byte, 8), make([]int, 8)
+	for i := range bufs {
+		bufs[i] = make([]byte, 100)
+	}
+	var got []byte
+	for deadline := time.Now().Add(2 * time.Second); len(got) < 3 && time.Now().Before(deadline); {
+		n, err := b.Recv(bufs, sizes, 10*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			got = append(got, bufs[i][14])
+		}
+	}
+	if !bytes.Equal(got, []byte{2, 2, 1}) {
+		t.Fatalf("order %v, want [2 2 1]", got)
+	}
 }
