@@ -529,8 +529,11 @@ func (e *Endpoint) complete(r *request, code Code) {
 	}
 	if r.txRefs > 0 {
 		// Pull replies still read the send's data: complete once they
-		// are out (engine.unpin), so the user may then reuse it.
-		r.completeLater, r.laterCode = true, code
+		// are out (engine.unpin), so the user may then reuse it. The
+		// first completion decides the code, as it would have at once.
+		if !r.completeLater {
+			r.completeLater, r.laterCode = true, code
+		}
 		return
 	}
 	if r.zbuf != nil {
