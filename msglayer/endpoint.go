@@ -198,6 +198,11 @@ type Endpoint struct {
 	// pin-down cache in front of it. Both are safe for concurrent use.
 	reg   *regcache.Registry
 	cache *regcache.Cache
+	// windows are the registrations peers address (Register): each a
+	// window of a cache region, with its own id and key, so that a peer
+	// reaches the registered buffer and nothing else of the region.
+	// +checklocks:eng.mu
+	windows map[uint32]*window
 
 	// +checklocks:eng.mu
 	closed bool
@@ -310,6 +315,7 @@ func Open(cfg Config) (*Endpoint, error) {
 		peers:   map[Addr]*peer{},
 		rndvs:   map[uint32]*request{},
 		pulls:   map[uint32]*pull{},
+		windows: map[uint32]*window{},
 	}
 	var b [8]byte
 	rand.Read(b[:])

@@ -1,24 +1,28 @@
 package msglayer
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 
 	"github.com/xmx-stack/xmx/regcache"
 )
 
 // One-sided operations. A peer may read (Get) or write (Put) memory that an
-// endpoint registered, addressed by (region id, key, offset, length); the
-// target checks all four against its registry and refuses anything else
-// with BadRegion, counted in Counters.RegionRefused. Both use the
+// endpoint registered, addressed by (registration id, key, offset,
+// length); the target checks all four against the registration and its
+// region's registry and refuses anything else with BadRegion, counted in
+// Counters.RegionRefused. A registration reaches its buffer only, not the
+// rest of the cache region (pages) it lies in, and ends at Deregister. Both use the
 // rendezvous machinery: a Get is a pull from the region; a Put sends a
 // record, and the target pulls the data into its region and notifies.
 
 // RemoteMem names registered memory at a peer: what a Get or Put needs.
 // An endpoint hands it to its peers (in a message) after Register.
 type RemoteMem struct {
-	Region uint32 // region id
+	Region uint32 // registration id
 	Key    uint64 // access key
-	Offset uint64 // offset of the buffer in the region
+	Offset uint64 // offset of the buffer in the registration (0 from Register)
 	Len    uint64 // length of the buffer
 }
 
@@ -26,6 +30,52 @@ type RemoteMem struct {
 type Registration struct {
 	Mem    RemoteMem
 	region *regcache.Region
+}
+
+// window is one registration: bytes [off, off+n) of a cache region
+// (registry id and key), reached by peers as (id, key) of its own.
+type window struct {
+	region *regcache.Region
+	regID  uint32
+	regKey uint64
+	off, n uint64
+	key    uint64
+}
+
+var errNoWindow = errors.New("no such registration, wrong key, or out of its bounds")
+
+// windowOf translates a peer's access (registration id, key, offset,
+// length) to the region's, or fails.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) windowOf(id uint32, key, off, n uint64) (regID uint32, regKey, regOff uint64, err error) {
+	w := e.windows[id]
+	if w == nil || w.key != key || off > w.n || n > w.n-off {
+		return 0, 0, 0, errNoWindow
+	}
+	return w.regID, w.regKey, w.off + off, nil
+}
+
+// regLookup checks a peer's access to a registration.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) regLookup(id uint32, key, off, n uint64) error {
+	regID, regKey, regOff, err := e.windowOf(id, key, off, n)
+	if err == nil {
+		_, err = e.reg.Lookup(regID, regKey, regOff, n)
+	}
+	return err
+}
+
+// regHold is regLookup holding the region for the copy (regcache Hold).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) regHold(id uint32, key, off, n uint64) ([]byte, *regcache.Region, error) {
+	regID, regKey, regOff, err := e.windowOf(id, key, off, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return e.reg.Hold(regID, regKey, regOff, n)
 }
 
 // Register makes buf accessible to connected peers through r.Mem, through
@@ -39,14 +89,31 @@ func (e *Endpoint) Register(buf []byte) (Registration, error) {
 		return Registration{}, fmt.Errorf("msglayer: register %d bytes: %w", len(buf), err)
 	}
 	off, _ := r.Offset(buf)
-	return Registration{Mem: RemoteMem{Region: r.ID(), Key: r.Key(), Offset: off, Len: uint64(len(buf))}, region: r}, nil
+	w := &window{region: r, regID: r.ID(), regKey: r.Key(), off: off, n: uint64(len(buf)), key: rand.Uint64() | 1}
+	g := e.eng
+	g.mu.Lock()
+	id := e.newID()
+	for e.windows[id] != nil {
+		id = e.newID()
+	}
+	e.windows[id] = w
+	g.mu.Unlock()
+	return Registration{Mem: RemoteMem{Region: id, Key: w.key, Len: w.n}, region: r}, nil
 }
 
-// Deregister ends a registration (the cache may keep the region for reuse).
-func (e *Endpoint) Deregister(g Registration) {
-	if g.region != nil {
-		e.cache.Release(g.region)
+// Deregister ends a registration: peers reach it no more (the cache may
+// keep the region for reuse).
+func (e *Endpoint) Deregister(reg Registration) {
+	if reg.region == nil {
+		return
 	}
+	g := e.eng
+	g.mu.Lock()
+	if w := e.windows[reg.Mem.Region]; w != nil && w.key == reg.Mem.Key {
+		delete(e.windows, reg.Mem.Region)
+	}
+	g.mu.Unlock()
+	e.cache.Release(reg.region)
 }
 
 // Invalidate makes every registration overlapping buf unreachable by
@@ -122,7 +189,7 @@ func (e *Endpoint) oneSided(peer Addr, m RemoteMem, off uint64, segs [][]byte, c
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) oneSidedLocal(t *Endpoint, r *request) {
-	mem, reg, err := t.reg.Hold(r.regionID, r.regionKey, r.regionOff, uint64(r.length))
+	mem, reg, err := t.regHold(r.regionID, r.regionKey, r.regionOff, uint64(r.length))
 	if err != nil {
 		t.stats.RegionRefused++
 		e.complete(r, BadRegion)

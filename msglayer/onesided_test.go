@@ -119,6 +119,32 @@ func testRefusals(t *testing.T, w world) {
 	if _, err := a.IGet(b.Addr(), reg.Mem, 64<<10-10, buf, nil); err == nil {
 		t.Error("a get beyond the remote buffer was not refused locally")
 	}
+	// A registration reaches its buffer only, also when the cache hands it
+	// a larger region registered before (a cache hit), and not after
+	// Deregister.
+	small, err := b.Register(target[:16])
+	if err != nil {
+		t.Fatal(err)
+	}
+	wide := small.Mem
+	wide.Len = 64 << 10 // the local check passes; the target's does not
+	for _, c := range []struct {
+		name string
+		m    msglayer.RemoteMem
+		off  uint64
+	}{{"beyond the registered buffer", wide, 1000}, {"deregistered", small.Mem, 0}} {
+		if c.name == "deregistered" {
+			b.Deregister(small)
+		}
+		p, _ := a.IPut(b.Addr(), c.m, c.off, [][]byte{[]byte("PWNED")}, nil)
+		if _, err := a.Wait(ctx, p); !errors.Is(err, msglayer.ErrBadRegion) {
+			t.Fatalf("put %s: %v, want ErrBadRegion", c.name, err)
+		}
+		b.Counters()
+		if bytes.Contains(target, []byte("PWNED")) {
+			t.Fatalf("put %s: written", c.name)
+		}
+	}
 	// Explicit invalidation: the region is gone at once.
 	b.Invalidate(target)
 	r, _ := a.IGet(b.Addr(), reg.Mem, 0, buf, nil)

@@ -324,7 +324,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 	var src *request
 	if h.flags&flagRegion != 0 {
 		// Check the whole block once: id, key and bounds.
-		if _, err := e.reg.Lookup(req.rndvID, req.key, req.base+uint64(req.offset), uint64(req.length)); err != nil ||
+		if err := e.regLookup(req.rndvID, req.key, req.base+uint64(req.offset), uint64(req.length)); err != nil ||
 			req.base+uint64(req.offset) < req.base {
 			e.stats.RegionRefused++
 			e.nack(p, req.pullID, nackBadRegion)
@@ -374,7 +374,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 		} else {
 			// From a region: copied now, holding the region (an unmap
 			// waits for the copy).
-			mem, reg, err := e.reg.Hold(req.rndvID, req.key, req.base+off, uint64(n))
+			mem, reg, err := e.regHold(req.rndvID, req.key, req.base+off, uint64(n))
 			if err != nil {
 				e.stats.RegionRefused++
 				e.nack(p, req.pullID, nackBadRegion)
@@ -439,7 +439,7 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		if r := pl.r; r.kind == kindPutTarget {
 			// Our region: hold it for the copy; if it went away meanwhile
 			// (deregistered, unmapped), the Put fails.
-			mem, reg, err := e.reg.Hold(r.regionID, r.regionKey, r.regionOff+uint64(ph.offset), uint64(n))
+			mem, reg, err := e.regHold(r.regionID, r.regionKey, r.regionOff+uint64(ph.offset), uint64(n))
 			if err != nil {
 				e.stats.RegionRefused++
 				e.sendNotify(p, pl.rndvID, 0, BadRegion, now)
@@ -548,7 +548,7 @@ func (e *Endpoint) endPull(pl *pull, code Code) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) onPut(p *peer, ph *putHdr, now int64) {
 	e.stats.PutsIn++
-	if _, err := e.reg.Lookup(ph.region, ph.key, ph.offset, uint64(ph.length)); err != nil {
+	if err := e.regLookup(ph.region, ph.key, ph.offset, uint64(ph.length)); err != nil {
 		e.stats.RegionRefused++
 		e.sendNotify(p, ph.putID, 0, BadRegion, now)
 		return
