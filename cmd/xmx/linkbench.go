@@ -108,6 +108,12 @@ full-size frames (frames/s) received.
 	if *warmup < 0 {
 		return fmt.Errorf("%w: -warmup %d: must not be negative", errUsage, *warmup)
 	}
+	if *mtu < 68 || *mtu > 65535 {
+		return fmt.Errorf("%w: -mtu %d: want 68..65535 (veth's range)", errUsage, *mtu)
+	}
+	if *streamTime <= 0 {
+		return fmt.Errorf("%w: -stream-time %v: must be positive", errUsage, *streamTime)
+	}
 	chosen, err := pickSystems(*systems)
 	if err != nil {
 		return err

@@ -245,7 +245,8 @@ estimate of the data they sent more than once.
 		}
 		if *startAt != "" {
 			s, e := strconv.ParseFloat(*startAt, 64)
-			if e != nil || s <= 0 || math.IsInf(s, 0) {
+			// Up to year 2200 or so (NaN fails every comparison).
+			if e != nil || !(s > 0 && s < 7e9) {
 				return nil, bad("-start-at %q: want Unix seconds such as $(date +%%s.%%N)", *startAt)
 			}
 			c.startAt = time.Unix(0, int64(s*1e9))

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/signal"
@@ -131,6 +132,9 @@ func (f *endpointFlags) validate() error {
 	case "auto", "afxdp", "afpacket":
 	default:
 		return fmt.Errorf("%w: -link %q: want auto, afxdp or afpacket", errUsage, f.link)
+	}
+	if f.timeout <= 0 {
+		return fmt.Errorf("%w: -timeout %v: must be positive", errUsage, f.timeout)
 	}
 	return nil
 }
@@ -404,27 +408,31 @@ func parseSizes(list string, start, end int, mult float64) ([]int, error) {
 		}
 		return out, nil
 	}
-	if start < 0 || end < start {
-		return nil, fmt.Errorf("%w: -start %d -end %d: want 0 <= start <= end", errUsage, start, end)
+	if start < 0 || end < start || end > maxMsgSize {
+		return nil, fmt.Errorf("%w: -start %d -end %d: want 0 <= start <= end <= %d", errUsage, start, end, maxMsgSize)
 	}
-	if mult <= 1 {
-		return nil, fmt.Errorf("%w: -mult %g: must be above 1", errUsage, mult)
+	if !(mult > 1) || math.IsInf(mult, 0) { // NaN too
+		return nil, fmt.Errorf("%w: -mult %g: must be a finite number above 1", errUsage, mult)
 	}
 	var out []int
 	for s := start; s <= end; {
 		out = append(out, s)
-		next := int(float64(s) * mult)
-		if next <= s {
-			next = s + 1
+		next := s + 1
+		if f := float64(s) * mult; f > float64(next) {
+			next = int(min(f, float64(end)+1)) // end+1 <= maxMsgSize+1: no overflow
 		}
 		s = next
 	}
 	return out, nil
 }
 
+// maxMsgSize is the largest message size the tools take (the protocol's
+// message lengths are 32-bit).
+const maxMsgSize = 1<<32 - 1
+
 // parseSize reads "4096", "4k", "1M" (powers of 1024).
-func parseSize(s string) (int, error) {
-	mult := 1
+func parseSize(arg string) (int, error) {
+	mult, s := 1, arg
 	switch {
 	case strings.HasSuffix(s, "k"), strings.HasSuffix(s, "K"):
 		mult, s = 1<<10, s[:len(s)-1]
@@ -432,8 +440,8 @@ func parseSize(s string) (int, error) {
 		mult, s = 1<<20, s[:len(s)-1]
 	}
 	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 || n > (1<<32-1)/mult {
-		return 0, fmt.Errorf("size %q: want a byte count such as 64, 4k or 1M", s)
+	if err != nil || n < 0 || n > maxMsgSize/mult {
+		return 0, fmt.Errorf("size %q: want a byte count up to 4G-1 such as 64, 4k or 1M", arg)
 	}
 	return n * mult, nil
 }

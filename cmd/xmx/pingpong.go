@@ -58,8 +58,8 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	if err := ef.parse(fs, args); err != nil {
 		return err
 	}
-	if *iters <= 0 || *warmup < 0 {
-		return fmt.Errorf("%w: -n must be positive and -warmup not negative", errUsage)
+	if *iters <= 0 || *iters > maxIters || *warmup < 0 || *warmup > maxIters {
+		return fmt.Errorf("%w: -n %d -warmup %d: want 1 <= n <= %d and 0 <= warmup <= %d", errUsage, *iters, *warmup, maxIters, maxIters)
 	}
 	list, err := parseSizes(*sizes, *start, *end, *mult)
 	if err != nil {
@@ -125,6 +125,10 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 }
 
 // pingSize measures round trips of one size.
+// maxIters bounds -n and -warmup: the round-trip times of a size are
+// kept (8 bytes each).
+const maxIters = 1 << 26
+
 func pingSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, size, warmup, n int, sync, hist bool) (pingResult, error) {
 	out, in := make([]byte, size), make([]byte, size)
 	for i := range out {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,11 +28,22 @@ func TestParseSizes(t *testing.T) {
 	if want := []int{0, 1, 2, 4, 8, 16}; err != nil || len(got) != len(want) {
 		t.Fatalf("sweep: %v, %v; want %v", got, err, want)
 	}
+	// Up to the largest size: ends (a step past the largest int used to
+	// wrap and loop for ever).
+	got, err = parseSizes("", 1, 1<<32-1, 2)
+	if err != nil || len(got) != 32 || got[31] != 1<<31 {
+		t.Fatalf("sweep to the largest size: %d sizes, last %v, %v", len(got), got[len(got)-1:], err)
+	}
+	got, err = parseSizes("", 1<<32-2, 1<<32-1, 1e300)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("sweep with a huge step: %v, %v", got, err)
+	}
 	for _, bad := range []struct {
 		list       string
 		start, end int
 		mult       float64
-	}{{"8,x", 0, 0, 2}, {"-1", 0, 0, 2}, {"", 10, 5, 2}, {"", 0, 10, 1}} {
+	}{{"8,x", 0, 0, 2}, {"-1", 0, 0, 2}, {"", 10, 5, 2}, {"", 0, 10, 1}, {"", 0, 10, math.NaN()},
+		{"", 0, 10, math.Inf(1)}, {"", 1, math.MaxInt, 2}, {"", 0, 1 << 40, 2}, {"8000000k", 0, 0, 2}} {
 		if _, err := parseSizes(bad.list, bad.start, bad.end, bad.mult); !errors.Is(err, errUsage) {
 			t.Errorf("parseSizes(%+v) = %v, want a usage error", bad, err)
 		}
@@ -76,6 +88,12 @@ func TestArgErrors(t *testing.T) {
 		want string
 	}{
 		{runPingPong, []string{"-n", "0"}, "-n"},
+		{runPingPong, []string{"-n", "1000000000000000000"}, "-n"},
+		{runPingPong, []string{"-warmup", "9223372036854775807"}, "-warmup"},
+		{runPingPong, []string{"-timeout", "0s"}, "-timeout"},
+		{runPingPong, []string{"-mult", "NaN"}, "-mult"},
+		{runLinkBench, []string{"-mtu", "0"}, "-mtu"},
+		{runLinkBench, []string{"-stream-time", "0s"}, "-stream-time"},
 		{runPingPong, []string{"-e", "300"}, "-e"},
 		{runPingPong, []string{"-link", "bogus"}, "-link"},
 		{runPingPong, []string{"-sizes", "1x"}, "-sizes"},
