@@ -114,6 +114,9 @@ type Registry struct {
 	regs    uint64
 	deregs  uint64
 	invals  uint64
+	// tearing: regions unpublished whose teardown (drain of holds, page
+	// unlock) has not ended; Unmap waits for those in its range.
+	tearing map[*Region]struct{}
 
 	cache atomic.Pointer[Cache] // the Cache over this registry, if any
 
@@ -355,9 +358,42 @@ func (g *Registry) teardown(r *Region, invalidation bool) {
 	if invalidation {
 		g.invals++
 	}
+	if g.tearing == nil {
+		g.tearing = map[*Region]struct{}{}
+	}
+	g.tearing[r] = struct{}{}
 	g.mu.Unlock()
 	drainHolds(r)
 	g.unlockPages(r)
+	g.mu.Lock()
+	delete(g.tearing, r)
+	g.mu.Unlock()
+}
+
+// waitTeardowns waits until no teardown of a region overlapping [lo, hi)
+// is under way: Unmap calls it after invalidating the range, so that a
+// teardown another goroutine started (Deregister, an eviction) has let
+// its last hold go and unlocked its pages before the memory goes.
+func (g *Registry) waitTeardowns(lo, hi uintptr) {
+	for i := 0; ; i++ {
+		busy := false
+		g.mu.Lock()
+		for r := range g.tearing {
+			if r.base < hi && r.end > lo && len(r.buf) > 0 {
+				busy = true
+				break
+			}
+		}
+		g.mu.Unlock()
+		if !busy {
+			return
+		}
+		if i < 100 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(10 * time.Microsecond)
+		}
+	}
 }
 
 func drainHolds(r *Region) {

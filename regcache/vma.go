@@ -121,6 +121,7 @@ func Unmap(b []byte) error {
 	for _, w := range users {
 		if g := w.Value(); g != nil {
 			g.invalidateRange(m.start, m.end)
+			g.waitTeardowns(m.start, m.end)
 		}
 	}
 

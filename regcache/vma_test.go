@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -229,4 +230,55 @@ func TestUnmapRacesRegister(t *testing.T) {
 		t.Fatalf("registry stats %+v", s)
 	}
 	checkClean(t)
+}
+
+// TestUnmapWaitsForTeardowns: Unmap while a Deregister of a region in the
+// mapping waits for a hold to drain does not munmap before that hold ends,
+// and the teardown's page unlock, done before the memory goes, does not
+// unlock the pages of a mapping made later at the same address.
+func TestUnmapWaitsForTeardowns(t *testing.T) {
+	g := NewRegistry()
+	defer g.Close()
+	mem, err := Map(int(pageSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := g.Register(mem)
+	if err != nil {
+		t.Skip("cannot lock pages here:", err)
+	}
+	_, h, err := g.Hold(r.ID(), r.Key(), 0, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deregistered := make(chan struct{})
+	go func() { g.Deregister(r); close(deregistered) }()
+	time.Sleep(20 * time.Millisecond) // Deregister drains the hold now
+	var released atomic.Bool
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		released.Store(true)
+		h.Unhold()
+	}()
+	if err := Unmap(mem); err != nil {
+		t.Fatal(err)
+	}
+	if !released.Load() {
+		t.Fatal("Unmap returned while a hold on the memory was still held")
+	}
+	<-deregistered
+	mem2, err := Map(int(pageSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Unmap(mem2)
+	g2 := NewRegistry()
+	defer g2.Close()
+	r2, err := g2.Register(mem2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pages.count(r2.base); n != 1 {
+		t.Fatalf("the new mapping's page is locked %d times, want 1", n)
+	}
 }
