@@ -888,6 +888,30 @@ func TestDelayedAckAfterWait(t *testing.T) {
 	}
 }
 
+// recordsWaiting opens a server on host 0 whose delayed acks wait ackDelay,
+// and n clients on host 1 whose retransmission timeouts are rto, and has
+// each client send a rendezvous message of size bytes (match info its
+// index) to the server, which posts no receive.
+func recordsWaiting(t *testing.T, ctx context.Context, w world, ackDelay, rto time.Duration, n, size int) (srv *msglayer.Endpoint, cls []*msglayer.Endpoint, sends []msglayer.Request) {
+	t.Helper()
+	srv = w.open(t, 0, msglayer.Config{EndpointID: 1, Key: 0xa, AckDelay: ackDelay})
+	cls = make([]*msglayer.Endpoint, n)
+	sends = make([]msglayer.Request, n)
+	for i := range cls {
+		cls[i] = w.open(t, 1, msglayer.Config{EndpointID: uint8(2 + i), Key: 0xb, InitialRTO: rto, MinRTO: rto})
+		if err := cls[i].Connect(ctx, srv.Addr(), 0xa); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range cls {
+		var err error
+		if sends[i], err = c.Isend(srv.Addr(), uint64(i), [][]byte{message(i, size)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return srv, cls, sends
+}
+
 // TestAckBundles: a server that cannot take the rendezvous records of
 // several endpoints of one client host yet (no receive posted) acks them
 // lazily and in one frame, and every message still arrives intact.
@@ -896,23 +920,9 @@ func TestAckBundles(t *testing.T) {
 	// The server's acks wait 100 ms, long enough for all three records
 	// to arrive however slow the machine; the clients' timeouts are
 	// longer still, so that no record is sent twice.
-	srv := w.open(t, 0, msglayer.Config{EndpointID: 1, Key: 0xa, AckDelay: 100 * time.Millisecond})
 	const clients, size = 3, 64 << 10
 	ctx := ctxFor(t, 10*time.Second)
-	cls := make([]*msglayer.Endpoint, clients)
-	for i := range cls {
-		cls[i] = w.open(t, 1, msglayer.Config{EndpointID: uint8(2 + i), Key: 0xb, InitialRTO: time.Second, MinRTO: time.Second})
-		if err := cls[i].Connect(ctx, srv.Addr(), 0xa); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sends := make([]msglayer.Request, clients)
-	for i, c := range cls {
-		var err error
-		if sends[i], err = c.Isend(srv.Addr(), uint64(i), [][]byte{message(i, size)}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv, cls, sends := recordsWaiting(t, ctx, w, 100*time.Millisecond, time.Second, clients, size)
 	// Wait until the server sent the acks.
 	deadline := time.Now().Add(2 * time.Second)
 	for srv.Counters().AcksOut < clients && time.Now().Before(deadline) {
@@ -957,23 +967,9 @@ func TestAcksRideWithPullRequests(t *testing.T) {
 	w := memWorld(t, xdp.MemConfig{})
 	// Alone, the server's acks would wait 30 s; the clients' timeouts
 	// are longer still.
-	srv := w.open(t, 0, msglayer.Config{EndpointID: 1, Key: 0xa, AckDelay: 30 * time.Second})
 	const clients, size = 3, 64 << 10
 	ctx := ctxFor(t, 20*time.Second)
-	cls := make([]*msglayer.Endpoint, clients)
-	for i := range cls {
-		cls[i] = w.open(t, 1, msglayer.Config{EndpointID: uint8(2 + i), Key: 0xb, InitialRTO: time.Minute, MinRTO: time.Minute})
-		if err := cls[i].Connect(ctx, srv.Addr(), 0xa); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sends := make([]msglayer.Request, clients)
-	for i, c := range cls {
-		var err error
-		if sends[i], err = c.Isend(srv.Addr(), uint64(i), [][]byte{message(i, size)}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv, cls, sends := recordsWaiting(t, ctx, w, 30*time.Second, time.Minute, clients, size)
 	waitUntil := func(what string, ok func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(5 * time.Second); !ok(); time.Sleep(time.Millisecond) {
