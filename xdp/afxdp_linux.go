@@ -129,9 +129,8 @@ const (
 // UMEM frames, one slot per packet whatever its length: a single frame
 // without multi-buffer, a run of frames with it (three of 4096 bytes at MTU
 // 9000), so that a packet is contiguous in the UMEM and SendBuilt can have
-// it built in place. txFree holds the idle slots; a slot of several frames
-// is idle again once every descriptor of its packet has completed
-// (txPending counts them).
+// it built in place. txFree holds the idle slots; a slot is idle again once
+// every descriptor of its packet has completed (txPending counts them).
 //
 // SendBuilt and RecvVisit (FrameBuilder, FrameVisitor; afxdp_build_linux.go)
 // skip the copies: the caller builds frames in idle send slots and reads
@@ -204,8 +203,7 @@ type AFXDPLink struct {
 	comp addrRing
 	// +checklocks:txMu
 	txFree []uint64 // UMEM addresses of idle send slots (a stack)
-	// txPending counts the descriptors in flight of each send slot in
-	// multi-buffer mode (nil when a slot is one frame).
+	// txPending counts the descriptors in flight of each send slot.
 	// +checklocks:txMu
 	txPending []uint8
 	txBase    uint64 // UMEM address of the first send slot
@@ -722,20 +720,23 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 
 // takeDesc returns the data of RX descriptor i and queues its UMEM frame
 // for the fill ring (published by the caller once the data is consumed).
-// ok is false for a descriptor outside the UMEM or across a frame
-// boundary: the kernel validates descriptors, so only a corrupted ring
-// shows one, and the caller drops its packet and counts it.
+// ok is false for a descriptor outside the receive half of the UMEM or
+// across a frame boundary: the kernel validates descriptors, so only a
+// corrupted ring shows one, and the caller drops its packet and counts it.
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) takeDesc(i uint32) (data []byte, ok bool) {
 	d := l.rx.descs[i&l.rx.mask]
-	l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
-	l.fill.cachedProd++
 	e := d.Addr + uint64(d.Len)
-	// Within one frame: first and last byte agree above the frame bits.
-	if e > uint64(len(l.umem)) || d.Addr^(e-1) >= l.frameSize {
+	// In the receive half (where the fill ring's frames are), within one
+	// frame: first and last byte agree above the frame bits. Anything
+	// else, from a corrupted ring only, names no frame of ours to give
+	// back.
+	if e > l.txBase || e < d.Addr || d.Addr^(e-1) >= l.frameSize {
 		return nil, false
 	}
+	l.fill.addrs[l.fill.cachedProd&l.fill.mask] = d.Addr &^ (l.frameSize - 1)
+	l.fill.cachedProd++
 	return l.umem[d.Addr:e:e], true
 }
 
@@ -826,10 +827,7 @@ func (l *AFXDPLink) initTxFree(numFrames int) {
 	for i := slots - 1; i >= 0; i-- {
 		l.txFree = append(l.txFree, l.txBase+uint64(i)*l.txSlot)
 	}
-	l.txPending = nil
-	if k > 1 {
-		l.txPending = make([]uint8, slots)
-	}
+	l.txPending = make([]uint8, slots)
 }
 
 // queueFrame copies f into an idle send slot and produces its descriptors
@@ -853,9 +851,7 @@ func (l *AFXDPLink) queueFrame(f []byte) {
 func (l *AFXDPLink) queueSlot(base uint64, size int, more bool) {
 	l.txFree = l.txFree[:len(l.txFree)-1]
 	nd := l.queueDescs(base, uint64(size), more)
-	if l.txPending != nil {
-		l.txPending[(base-l.txBase)/l.txSlot] = uint8(nd)
-	}
+	l.txPending[(base-l.txBase)/l.txSlot] = uint8(nd)
 }
 
 // queueDescs produces the descriptors of n bytes of the UMEM at addr (not
@@ -900,13 +896,10 @@ func (l *AFXDPLink) reclaim() {
 			l.bufCompleted(addr)
 			continue
 		}
-		if l.txPending == nil {
-			l.txFree = append(l.txFree, addr)
-			continue
-		}
-		// Multi-buffer: the slot is idle once its last descriptor is back.
-		// An address that is no send frame, or a slot with nothing in
-		// flight, can only come from a corrupted ring: ignore it.
+		// The slot is idle once its last descriptor is back. An address
+		// that is no send frame, or one more than its slot has in
+		// flight, can only come from a corrupted ring: ignore it (a slot
+		// given out twice would be written while the kernel reads it).
 		slot := (addr - l.txBase) / l.txSlot
 		if addr < l.txBase || slot >= uint64(len(l.txPending)) || l.txPending[slot] == 0 {
 			continue

@@ -275,3 +275,41 @@ func TestMultiBufferNeeded(t *testing.T) {
 		}
 	}
 }
+
+// TestCorruptRingAddresses: a receive descriptor in the send half of the
+// UMEM, or a completion given twice, changes no frame's owner: the frame is
+// neither put on the fill ring nor given out twice for sending.
+func TestCorruptRingAddresses(t *testing.T) {
+	l := fakeLink(t, 4096, 8, false) // rings of 4, one-frame send slots
+	l.txMu.Lock()
+	l.maxFrame = 1514
+	l.initTxFree(8)
+	free := len(l.txFree)
+	l.txMu.Unlock()
+
+	fill := *l.fill.producer
+	l.rx.descs[0] = unix.XDPDesc{Addr: l.txBase + xdpHeadroom, Len: 100}
+	*l.fill.consumer++ // the kernel took a fill frame (and wrote a bad descriptor)
+	*l.rx.producer = 1
+	buf, got := [][]byte{make([]byte, 1514)}, []int{0}
+	if n := l.fakeRecv(buf, got); n != 0 || l.badDescs.Load() != 1 {
+		t.Fatalf("a descriptor in the send half: %d frames, %d bad; want 0, 1", n, l.badDescs.Load())
+	}
+	if *l.fill.producer != fill {
+		t.Fatalf("the send half's frame went on the fill ring")
+	}
+
+	if n, err := l.Send([][]byte{pattern(100, 1)}); n != 1 || err != nil {
+		t.Fatalf("send = %d, %v", n, err)
+	}
+	addr := l.tx.descs[0].Addr
+	l.comp.addrs[0], l.comp.addrs[1] = addr, addr // completed twice
+	*l.comp.producer = 2
+	l.txMu.Lock()
+	l.reclaim()
+	after := len(l.txFree)
+	l.txMu.Unlock()
+	if after != free {
+		t.Fatalf("%d idle send slots after a completion given twice, want %d", after, free)
+	}
+}
