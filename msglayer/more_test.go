@@ -912,6 +912,23 @@ func recordsWaiting(t *testing.T, ctx context.Context, w world, ackDelay, rto ti
 	return srv, cls, sends
 }
 
+// recvWaiting receives client i's message of recordsWaiting at srv and
+// checks it byte for byte.
+func recvWaiting(t *testing.T, ctx context.Context, srv *msglayer.Endpoint, i, size int) {
+	t.Helper()
+	buf := make([]byte, size)
+	r, err := srv.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf, message(i, size)) {
+		t.Fatalf("message from client %d corrupted", i)
+	}
+}
+
 // TestAckBundles: a server that cannot take the rendezvous records of
 // several endpoints of one client host yet (no receive posted) acks them
 // lazily and in one frame, and every message still arrives intact.
@@ -933,17 +950,7 @@ func TestAckBundles(t *testing.T) {
 		t.Fatalf("server acked %d records, %d of them bundled; want %d, %d", c.AcksOut, c.AcksBundled, clients, clients-1)
 	}
 	for i := range cls {
-		buf := make([]byte, size)
-		r, err := srv.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := srv.Wait(ctx, r); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(buf, message(i, size)) {
-			t.Fatalf("message from client %d corrupted", i)
-		}
+		recvWaiting(t, ctx, srv, i, size)
 	}
 	var acksIn, retrans uint64
 	for i, cl := range cls {
@@ -982,21 +989,7 @@ func TestAcksRideWithPullRequests(t *testing.T) {
 	if c := srv.Counters(); c.AcksOut != 0 {
 		t.Fatalf("server sent %d acks before pulling, want 0 (they wait 30 s)", c.AcksOut)
 	}
-	recv := func(i int) {
-		t.Helper()
-		buf := make([]byte, size)
-		r, err := srv.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := srv.Wait(ctx, r); err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(buf, message(i, size)) {
-			t.Fatalf("message from client %d corrupted", i)
-		}
-	}
-	recv(0) // the pull from client 0 carries the others' acks
+	recvWaiting(t, ctx, srv, 0, size) // the pull from client 0 carries the others' acks
 	if c := srv.Counters(); c.AcksBundled != clients-1 {
 		t.Fatalf("server: %d acks rode with other frames, want %d", c.AcksBundled, clients-1)
 	}
@@ -1004,7 +997,7 @@ func TestAcksRideWithPullRequests(t *testing.T) {
 		waitUntil(fmt.Sprintf("client %d's ack", i), func() bool { return cls[i].Counters().AcksIn > 0 })
 	}
 	for i := 1; i < clients; i++ {
-		recv(i)
+		recvWaiting(t, ctx, srv, i, size)
 	}
 	for i, cl := range cls {
 		if _, err := cl.Wait(ctx, sends[i]); err != nil {
