@@ -46,6 +46,9 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 	} else {
 		r.connID = e.newID()
 		r.connDeadline = now + int64(e.cfg.GiveUp)
+		if p := e.peers[a]; p != nil {
+			r.connSeq = p.nextSeq // a new record starts at 0
+		}
 		e.connects = append(e.connects, r)
 		e.sendConnect(r, now)
 	}
@@ -81,13 +84,11 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 func (e *Endpoint) sendConnect(r *request, now int64) {
 	g := e.eng
 	b := g.scratchBuf()
-	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session}
-	if p := e.peers[r.connAddr]; p != nil {
-		h.seq = p.nextSeq // a new record starts at 0
-	}
+	// Every copy says the same: the peer takes the first it gets.
+	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session, seq: r.connSeq}
 	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
-	g.queue(b[:frameLen(tConnect, 0)], nil)
+	e.sendFrame(b[:frameLen(tConnect, 0)])
 	r.connNext = now + int64(e.cfg.ConnectRetry)
 	e.armAt(r.connNext)
 }
@@ -169,7 +170,7 @@ func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, er
 		h := header{typ: tHostQuery, srcEP: e.id, dstEP: 0xff, payloadLen: len(name)}
 		p := putHeader(b, &[6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, &g.mac, g.ethType, &h)
 		copy(p, name)
-		g.queue(b[:frameLen(tHostQuery, len(name))], nil)
+		e.sendFrame(b[:frameLen(tHostQuery, len(name))])
 		g.flushAndUnlock()
 		qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
 		g.waitFor(qctx, func() bool { _, ok := found(); return ok }, nil)

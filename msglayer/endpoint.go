@@ -258,9 +258,9 @@ type anyWaiter struct {
 
 // Counters are an endpoint's statistics.
 type Counters struct {
-	FramesIn, FramesOut     uint64
+	FramesIn, FramesOut     uint64 // FramesOut: first sends (host queries and connects included)
 	BytesIn, BytesOut       uint64
-	Retransmits             uint64
+	Retransmits             uint64 // frames sent again (not in FramesOut)
 	Duplicates              uint64 // reliable frames received twice
 	OutOfOrder              uint64 // frames held until the ones before them arrived
 	AcksOut, AcksIn         uint64 // explicit acks

@@ -983,7 +983,7 @@ func (g *engine) nackNoEndpoint(f []byte, h *header) {
 		return
 	}
 	th := putHeader(b, (*[6]byte)(f[6:12]), &g.mac, g.ethType, &out)
-	putU32U8(th, h.seq, nackBadEndpoint)
+	putNack(th, h.seq, nackBadEndpoint, h.dstSession)
 	g.queue(b[:frameLen(tNack, 0)], nil)
 }
 

@@ -156,6 +156,16 @@ func (p *peer) reset(code Code) {
 	p.fresh = true
 }
 
+// restartAt makes next our next sequence number to the peer, with
+// nothing in flight: the caller emptied the window (clear, reset), and a
+// connect told the peer next. The peer's numbers are learned anew.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) restartAt(next uint32) {
+	p.nextSeq, p.acked = next, next
+	p.fresh = true
+}
+
 // syncFrom takes the next sequence number next from a connect or connect
 // reply of the peer: learned if nothing is known, else the sign that the
 // peer forgot the exchange (resync) if it is too far from what we expect.
@@ -477,6 +487,16 @@ func (p *peer) sendCtl(t frameType, flags uint16, th func(b []byte) int) {
 	e.eng.queue(b[:l], nil)
 	e.stats.FramesOut++
 	e.stats.BytesOut += uint64(l)
+}
+
+// sendFrame queues frame b, built in a scratch buffer, that no window
+// slot holds (a control frame of no peer record), and counts it.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) sendFrame(b []byte) {
+	e.eng.queue(b, nil)
+	e.stats.FramesOut++
+	e.stats.BytesOut += uint64(len(b))
 }
 
 // sendAck sends an explicit ack with the selective-ack bitmap of the

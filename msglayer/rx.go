@@ -75,8 +75,8 @@ func (e *Endpoint) nackSession(src Addr, h *header) {
 	b := g.scratchBuf()
 	out := header{typ: tNack, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
 	th := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
-	putU32U8(th, h.seq, nackBadSession)
-	g.queue(b[:frameLen(tNack, 0)], nil)
+	putNack(th, h.seq, nackBadSession, h.dstSession)
+	e.sendFrame(b[:frameLen(tNack, 0)])
 }
 
 // onSessionNack handles a nack saying the peer does not know our session
@@ -85,12 +85,15 @@ func (e *Endpoint) nackSession(src Addr, h *header) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
-	_, reason := getU32U8(th)
+	_, reason, refused := getNack(th)
 	if reason != nackBadSession && reason != nackBadEndpoint {
 		return false
 	}
 	p := e.peers[src]
-	if p == nil || h.dstSession != e.session || !p.connected {
+	// refused is the session the refused frame was for: a frame sent to
+	// an old self of the peer, still on its way when the peer came back
+	// and connected, says nothing of the new connection.
+	if p == nil || h.dstSession != e.session || !p.connected || refused != p.remoteSession {
 		return true
 	}
 	code := BadSession
@@ -135,7 +138,7 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session, seq: next}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
-	g.queue(b[:frameLen(tConnectReply, 0)], nil)
+	e.sendFrame(b[:frameLen(tConnectReply, 0)])
 }
 
 // onConnectReply completes the connect the reply answers.
@@ -150,9 +153,19 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 		e.connects = append(e.connects[:i], e.connects[i+1:]...)
 		if code == Success {
 			p := e.peerFor(src)
-			if p.remoteSession != 0 && p.remoteSession != h.srcSession {
-				p.reset(BadSession)
+			switch {
+			case p.remoteSession != 0 && p.remoteSession != h.srcSession:
+				// The peer restarted: what we had with its old self is
+				// gone. Its new self took the sequence number our
+				// connect said: go on from there.
+				p.clear(BadSession)
 				p.lastConnID = 0
+				p.restartAt(r.connSeq)
+			case far(p.nextSeq, r.connSeq):
+				// We forgot the peer (a reset) after the connect left:
+				// nothing is in flight, and the peer goes on from what
+				// the connect said.
+				p.restartAt(r.connSeq)
 			}
 			p.remoteSession = h.srcSession
 			p.syncFrom(h.seq)
@@ -275,7 +288,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) nack(p *peer, seq uint32, reason uint8) {
 	p.sendCtl(tNack, 0, func(b []byte) int {
-		putU32U8(b, seq, reason)
+		putNack(b, seq, reason, p.remoteSession)
 		return 0
 	})
 }
@@ -567,7 +580,7 @@ func (e *Endpoint) sendNotify(p *peer, rndvID, xfer uint32, code Code, now int64
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onNack(p *peer, th []byte, now int64) {
-	seq, reason := getU32U8(th)
+	seq, reason, _ := getNack(th)
 	switch reason {
 	case nackEagerRefused:
 		if r := p.eagerFirst(seq); r != nil {

@@ -28,7 +28,7 @@ import (
 // the others are answered or re-requested by their own timers.
 
 const (
-	wireVersion = 1
+	wireVersion = 2 // 2: nacks name the refused frame's session
 	commonLen   = 24
 	// hdrLen is Ethernet plus common header: where type headers start.
 	hdrLen = xdp.EthHeaderLen + commonLen
@@ -81,7 +81,7 @@ const (
 	acksHdrLen       = 0  // payload: ackEntry list, the acks after the one the common header carries
 	ackEntryLen      = 9  // dstEP u8, dstSession u32, ack u32
 	maxAckEntries    = 64 // most ackEntries one tAcks frame carries
-	nackHdrLen       = 8  // seq u32, reason u8, pad[3]
+	nackHdrLen       = 12 // seq u32, reason u8, pad[3], session u32 (the one the refused frame was for)
 	pullReqHdrLen    = 40 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32, key u64, base u64
 	putHdrLen        = 32 // region u32, putID u32, key u64, offset u64, length u32, pad u32
 	pullReplyHdrLen  = 8  // pullID u32, offset u32
@@ -358,6 +358,19 @@ func putU32U8(b []byte, v uint32, c uint8) {
 }
 
 func getU32U8(b []byte) (uint32, uint8) { return binary.BigEndian.Uint32(b[0:]), b[4] }
+
+// putNack writes a nack's type header: the refused frame's sequence number
+// (or the id the reason names), the reason, and the session the refused
+// frame was addressed to.
+func putNack(b []byte, seq uint32, reason uint8, session uint32) {
+	putU32U8(b, seq, reason)
+	binary.BigEndian.PutUint32(b[8:], session)
+}
+
+func getNack(b []byte) (seq uint32, reason uint8, session uint32) {
+	seq, reason = getU32U8(b)
+	return seq, reason, binary.BigEndian.Uint32(b[8:])
+}
 
 // Connect and its reply carry the sender's MTU: frames to a peer are sized
 // for the smaller of the two, so a jumbo host and a 1500-byte host talk.
