@@ -2,6 +2,7 @@ package msglayer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,9 @@ func (e *Endpoint) Connect(ctx context.Context, a Addr, key uint32) error {
 
 // IConnect starts connecting to a and returns the request to wait on.
 func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
+	if a.MAC[0]&1 != 0 {
+		return Request{}, &ArgError{Arg: "address", Err: fmt.Errorf("%v is a group (broadcast or multicast) address", a)}
+	}
 	g := e.eng
 	g.mu.Lock()
 	if e.closed {
@@ -126,6 +130,13 @@ func (e *Endpoint) Disconnect(a Addr) {
 		if p.local == nil && p.connected {
 			p.sendCtl(tDisconnect, 0, nil)
 		}
+		if t := p.local; t != nil && p.connected {
+			// What a disconnect frame does to a remote peer.
+			if tp := t.peers[e.addr]; tp != nil && tp.local == e && tp.connected {
+				tp.reset(Aborted)
+				tp.connected = false
+			}
+		}
 		// The record stays: its sequence numbers go on from here, which
 		// tells the peer at the next connect that this side forgot.
 		p.reset(Aborted)
@@ -142,44 +153,68 @@ func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, er
 		return Addr{}, &ArgError{Arg: "host name", Err: fmt.Errorf("%q: want 1..%d bytes", name, maxHostNameLen)}
 	}
 	g := e.eng
-	if name == g.hostname {
-		return Addr{MAC: g.mac, EP: ep}, nil
-	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
 	}
 	g.mu.Lock()
-	g.hostReplies[name] = [6]byte{}
+	if e.closed {
+		g.mu.Unlock()
+		return Addr{}, ErrClosed
+	}
+	if g.hostnames[name] > 0 {
+		g.mu.Unlock()
+		return Addr{MAC: g.mac, EP: ep}, nil
+	}
+	// Resolves of one name at once share the query and its answer.
+	q := g.hostReplies[name]
+	if q == nil {
+		q = &hostQuery{}
+		g.hostReplies[name] = q
+	}
+	q.waiters++
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
-		delete(g.hostReplies, name)
+		if q.waiters--; q.waiters == 0 {
+			delete(g.hostReplies, name)
+		}
 		g.mu.Unlock()
 	}()
 	found := func() (Addr, bool) {
 		g.mu.Lock()
 		defer g.mu.Unlock()
-		mac := g.hostReplies[name]
-		return Addr{MAC: mac, EP: ep}, mac != [6]byte{}
+		return Addr{MAC: q.mac, EP: ep}, q.mac != [6]byte{} || e.closed
 	}
 	for {
 		g.mu.Lock()
+		if e.closed {
+			g.mu.Unlock()
+			return Addr{}, ErrClosed
+		}
 		b := g.scratchBuf()
 		h := header{typ: tHostQuery, srcEP: e.id, dstEP: 0xff, payloadLen: len(name)}
-		p := putHeader(b, &[6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, &g.mac, g.ethType, &h)
+		p := putHeader(b, &broadcastMAC, &g.mac, g.ethType, &h)
 		copy(p, name)
 		e.sendFrame(b[:frameLen(tHostQuery, len(name))])
 		g.flushAndUnlock()
+		// One query per 100 ms: a wait that ends sooner (the engine
+		// closed) ends the loop above.
 		qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		g.waitFor(qctx, func() bool { _, ok := found(); return ok }, nil)
+		err := g.waitFor(qctx, func() bool { _, ok := found(); return ok }, nil)
 		cancel()
-		if a, ok := found(); ok {
+		if a, ok := found(); ok && a.MAC != [6]byte{} {
 			return a, nil
+		}
+		if errors.Is(err, ErrClosed) {
+			return Addr{}, ErrClosed
 		}
 		if ctx.Err() != nil {
 			return Addr{}, fmt.Errorf("msglayer: resolve host %q: %w", name, ErrTimeout)
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return Addr{}, fmt.Errorf("msglayer: resolve host %q: %w", name, err)
 		}
 	}
 }
@@ -608,7 +643,7 @@ func (e *Endpoint) Ibuffered(h Request) (bool, error) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !h.valid() {
+	if !h.valid() || h.r.ep != e {
 		return false, ErrStaleRequest
 	}
 	return h.r.buffered || h.r.done, nil

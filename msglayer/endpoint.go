@@ -54,7 +54,7 @@ type Config struct {
 	AckDelay            time.Duration
 	AckEvery            int
 	InitialRTO          time.Duration
-	MinRTO, MaxRTO      time.Duration
+	MinRTO, MaxRTO      time.Duration // bounds of the adaptive timeout (default 2 ms; 250 ms or MinRTO if above)
 	GiveUp              time.Duration // a peer silent this long is unreachable (default 5 s)
 	KeepaliveInterval   time.Duration
 	ConnectRetry        time.Duration
@@ -149,7 +149,7 @@ func (c *Config) setDefaults() error {
 	defD(&c.AckDelay, 100*time.Microsecond)
 	defD(&c.InitialRTO, 5*time.Millisecond)
 	defD(&c.MinRTO, 2*time.Millisecond)
-	defD(&c.MaxRTO, 250*time.Millisecond)
+	defD(&c.MaxRTO, max(250*time.Millisecond, c.MinRTO))
 	defD(&c.GiveUp, 5*time.Second)
 	defD(&c.KeepaliveInterval, 250*time.Millisecond)
 	defD(&c.ConnectRetry, 50*time.Millisecond)
@@ -173,6 +173,18 @@ func (c *Config) setDefaults() error {
 	}
 	if c.ContextIDBits > 8 || c.ContextIDBits > 0 && c.ContextIDShift+c.ContextIDBits > 64 {
 		return &ArgError{Arg: "ContextIDBits", Err: fmt.Errorf("%d bits at bit %d: want 0..8 bits within the 64-bit match info", c.ContextIDBits, c.ContextIDShift)}
+	}
+	for _, v := range []struct {
+		name string
+		v    time.Duration
+	}{{"AckDelay", c.AckDelay}, {"InitialRTO", c.InitialRTO}, {"MinRTO", c.MinRTO}, {"MaxRTO", c.MaxRTO},
+		{"GiveUp", c.GiveUp}, {"KeepaliveInterval", c.KeepaliveInterval}, {"ConnectRetry", c.ConnectRetry}} {
+		if v.v < 0 {
+			return &ArgError{Arg: v.name, Err: fmt.Errorf("%v is negative", v.v)}
+		}
+	}
+	if c.MinRTO > c.MaxRTO {
+		return &ArgError{Arg: "MinRTO", Err: fmt.Errorf("%v is above MaxRTO %v", c.MinRTO, c.MaxRTO)}
 	}
 	if c.SpinBeforeSleep < NoSpin || c.SpinBeforeSleep > time.Second {
 		return &ArgError{Arg: "SpinBeforeSleep", Err: fmt.Errorf("%v: want NoSpin, 0 (adaptive) or up to 1s", c.SpinBeforeSleep)}
@@ -333,6 +345,9 @@ func Open(cfg Config) (*Endpoint, error) {
 	}
 	g.eps[e.id] = e
 	g.epList = append(g.epList, e)
+	if cfg.Hostname != "" {
+		g.hostnames[cfg.Hostname]++
+	}
 	g.mu.Unlock()
 	registerPublished(e)
 	return e, nil
@@ -352,6 +367,9 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 	enginesMu.Lock()
 	defer enginesMu.Unlock()
 	if g := engines[key]; g != nil {
+		if err := g.shares(cfg); err != nil {
+			return nil, "", err
+		}
 		g.refs++
 		return g, "shared with this process's other endpoints", nil
 	}
@@ -370,6 +388,25 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 	engines[key] = g
 	liveEngines.Add(1)
 	return g, why, nil
+}
+
+// shares reports why an endpoint configured with cfg cannot share engine
+// g, whose link and progress its endpoints have in common: a setting of
+// the engine's that cfg gives otherwise.
+func (g *engine) shares(cfg *Config) error {
+	differs := func(arg string, want, have any) error {
+		return &ArgError{Arg: arg, Err: fmt.Errorf("%v, but the endpoints open on %s already use %v: "+
+			"endpoints of one link share it", want, g.ifname, have)}
+	}
+	switch {
+	case cfg.BusyPoll != g.busyPoll:
+		return differs("BusyPoll", cfg.BusyPoll, g.busyPoll)
+	case cfg.SpinBeforeSleep != g.spinCfg:
+		return differs("SpinBeforeSleep", cfg.SpinBeforeSleep, g.spinCfg)
+	case cfg.EtherType != g.ethType:
+		return differs("EtherType", fmt.Sprintf("%#04x", cfg.EtherType), fmt.Sprintf("%#04x", g.ethType))
+	}
+	return nil
 }
 
 // openLink opens the link cfg asks for.
@@ -486,6 +523,11 @@ func (e *Endpoint) Close() error {
 	g.eps[e.id] = nil
 	if i := slices.Index(g.epList, e); i >= 0 {
 		g.epList = slices.Delete(g.epList, i, i+1)
+	}
+	if n := e.cfg.Hostname; n != "" {
+		if g.hostnames[n]--; g.hostnames[n] == 0 {
+			delete(g.hostnames, n)
+		}
 	}
 	g.flushAndUnlock()
 	g.signal()

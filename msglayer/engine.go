@@ -52,12 +52,12 @@ type engine struct {
 	// that tests may read it.
 	spinFirst atomic.Int64
 	spinAuto  bool
+	spinCfg   time.Duration // Config.SpinBeforeSleep as given
 	spinClock func() int64  // the polls' clock: nanotime (tests: their own)
 	yield     func()        // gives up the CPU to runnable threads: xdp.YieldCPU
 	resched   func()        // passes through Go's scheduler: runtime.Gosched
 	randN     func(int) int // the random draws of feedStarved: rand.IntN (tests: their own)
 	clock     Clock
-	hostname  string
 
 	// drive is the drive token: its holder drives the link.
 	drive driveToken
@@ -113,7 +113,9 @@ type engine struct {
 	// +checklocks:mu
 	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu
-	hostReplies map[string][6]byte // answers to our host queries
+	hostnames map[string]int // the host names the endpoints answer for, and how many endpoints give each
+	// +checklocks:mu
+	hostReplies map[string]*hostQuery // our host queries under way, by name
 	// hosts is what the pulls wait for from each host (MAC) that any of
 	// the engine's peers is on: feedStarved gives the budget to a pull
 	// from a host with less. Entries stay while the engine lives: a
@@ -307,12 +309,13 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		ethType:     cfg.EtherType,
 		busyPoll:    cfg.BusyPoll,
 		spinAuto:    cfg.SpinBeforeSleep == 0,
+		spinCfg:     cfg.SpinBeforeSleep,
 		clock:       cfg.Clock,
-		hostname:    cfg.Hostname,
+		hostnames:   map[string]int{},
 		drive:       driveToken{free: make(chan struct{}, 1)},
 		bgStop:      make(chan struct{}),
 		bgDone:      make(chan struct{}),
-		hostReplies: map[string][6]byte{},
+		hostReplies: map[string]*hostQuery{},
 		hosts:       map[[6]byte]*hostLoad{},
 	}
 	g.spinFirst.Store(int64(max(cfg.SpinBeforeSleep, 0)))
@@ -885,7 +888,7 @@ func (g *engine) dispatch(f []byte, now int64) {
 		return
 	}
 	var h header
-	if h.decode(f) != nil {
+	if h.decode(f) != nil || !g.addressedToUs(f, h.typ) {
 		g.badFrames++
 		return
 	}
@@ -915,6 +918,23 @@ func (g *engine) dispatch(f []byte, now int64) {
 		g.ackEntries(f, &h, riders, now)
 	}
 }
+
+// addressedToUs reports whether frame f, of type t, has addresses it may
+// have: from one station (not a group address), to our MAC, or to the
+// broadcast address for a host query. Another frame to a group address
+// would be answered by every engine that sees it.
+func (g *engine) addressedToUs(f []byte, t frameType) bool {
+	if f[6]&1 != 0 {
+		return false
+	}
+	if [6]byte(f[0:6]) == g.mac {
+		return true
+	}
+	return t == tHostQuery && [6]byte(f[0:6]) == broadcastMAC
+}
+
+// broadcastMAC is the Ethernet broadcast address.
+var broadcastMAC = [6]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 
 // validAckEntries reports whether b is a list of ack entries a bundle
 // (tAcks) or a pull request may carry: a whole number of them, at most
@@ -987,6 +1007,13 @@ func (g *engine) nackNoEndpoint(f []byte, h *header) {
 	g.queue(b[:frameLen(tNack, 0)], nil)
 }
 
+// hostQuery is a host name being resolved: the answer, and how many
+// Resolve calls wait for it.
+type hostQuery struct {
+	mac     [6]byte // zero until answered
+	waiters int
+}
+
 // onHost answers host queries naming this host and records answers.
 //
 // +checklocks:g.mu
@@ -994,7 +1021,7 @@ func (g *engine) onHost(f []byte, h *header) {
 	_, name := typeHdr(f, h)
 	switch h.typ {
 	case tHostQuery:
-		if g.hostname == "" || string(name) != g.hostname {
+		if g.hostnames[string(name)] == 0 {
 			return
 		}
 		b := g.scratchBuf()
@@ -1003,10 +1030,8 @@ func (g *engine) onHost(f []byte, h *header) {
 		copy(p, name)
 		g.queue(b[:frameLen(tHostReply, len(name))], nil)
 	case tHostReply:
-		if _, asked := g.hostReplies[string(name)]; asked {
-			var mac [6]byte
-			copy(mac[:], f[6:12])
-			g.hostReplies[string(name)] = mac
+		if q := g.hostReplies[string(name)]; q != nil {
+			copy(q.mac[:], f[6:12])
 		}
 	}
 }

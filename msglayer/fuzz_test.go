@@ -927,7 +927,7 @@ func (fp *fuzzPair) forge(to, from *Endpoint, r *fuzzReader) []byte {
 			}
 			putConnReply(th, connID, Code(mode&1)*BadKey, mtu)
 		case tHostQuery:
-			payload = []byte(to.eng.hostname)
+			payload = []byte(to.cfg.Hostname)
 		}
 	}
 
@@ -1431,8 +1431,8 @@ var (
 	seedScript2 []byte     // seedScript with the host query spliced in
 )
 
-// hostQuery returns a host query from B for name.
-func hostQuery(name string) []byte {
+// hostQueryFrame returns a host query from B for name.
+func hostQueryFrame(name string) []byte {
 	f := make([]byte, frameLen(tHostQuery, len(name)))
 	h := header{typ: tHostQuery, srcEP: 2, dstEP: 0xff, payloadLen: len(name)}
 	src := []byte{2, 0, 0, 0, 0, 2}
@@ -1447,7 +1447,7 @@ func capture(t testing.TB) {
 		for i := 1; i+1 < len(seedScript); i += 2 {
 			op, arg := seedScript[i], seedScript[i+1]
 			if op == fopHostQuery {
-				s = append(s, rawOp(false, hostQuery("fuzz-a"))...)
+				s = append(s, rawOp(false, hostQueryFrame("fuzz-a"))...)
 				continue
 			}
 			s = append(s, op, arg)

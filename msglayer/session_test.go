@@ -193,3 +193,214 @@ func TestConnectFramesCounted(t *testing.T) {
 			ca.FramesOut, ca.BytesOut, ca.FramesIn, ca.BytesIn, cb.FramesOut, cb.BytesOut, cb.FramesIn, cb.BytesIn)
 	}
 }
+
+// TestResolveEnds: Resolve on a closed endpoint returns ErrClosed at once
+// (it used to broadcast queries without pause until its deadline), and
+// two Resolves of one name at once share the answer (the first to end
+// used to drop the other's).
+func TestResolveEnds(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lg := hub.Attach(), hub.Attach()
+	defer la.Close()
+	defer lg.Close()
+	a, err := Open(Config{Link: la, EndpointID: 1, Hostname: "alpha"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+
+	short, c1 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer c1()
+	long, c2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer c2()
+	errs := make(chan error, 2)
+	go func() { _, err := a.Resolve(short, "gamma", 0); errs <- err }()
+	go func() { _, err := a.Resolve(long, "gamma", 0); errs <- err }()
+	time.Sleep(400 * time.Millisecond) // the short one has given up
+	gm, err := Open(Config{Link: lg, EndpointID: 0, Hostname: "gamma"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gm.Close()
+	if e1, e2 := <-errs, <-errs; !errors.Is(e1, ErrTimeout) || e2 != nil {
+		t.Errorf("resolves of one name: %v (want a timeout), %v (want the answer)", e1, e2)
+	}
+
+	a.Close()
+	before := la.Stats().TxFrames
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := a.Resolve(ctx, "gamma", 0); !errors.Is(err, ErrClosed) || time.Since(start) > 500*time.Millisecond {
+		t.Errorf("Resolve after Close: %v after %v, want ErrClosed at once", err, time.Since(start))
+	}
+	if n := la.Stats().TxFrames - before; n > 0 {
+		t.Errorf("Resolve after Close sent %d frames", n)
+	}
+}
+
+// TestEveryHostnameAnswers: two endpoints of one link with host names of
+// their own both answer host queries.
+func TestEveryHostnameAnswers(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	defer la.Close()
+	defer lb.Close()
+	for i, name := range []string{"alpha", "alpha-2"} {
+		e, err := Open(Config{Link: la, EndpointID: uint8(1 + i), Hostname: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+	}
+	b, err := Open(Config{Link: lb, EndpointID: 1, Hostname: "beta"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	for _, name := range []string{"alpha", "alpha-2"} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		a, err := b.Resolve(ctx, name, 2)
+		cancel()
+		if err != nil || a.MAC != [6]byte(la.HardwareAddr()) {
+			t.Errorf("resolve %s: %v, %v", name, a, err)
+		}
+	}
+}
+
+// TestGroupAddressedFrames: a frame to the broadcast address other than a
+// host query, or from a group address, is dropped and counted, not
+// answered by every engine on the segment; Connect refuses a group
+// address.
+func TestGroupAddressedFrames(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	raw := hub.Attach()
+	defer raw.Close()
+	var es []*Endpoint
+	for i := range 4 {
+		l := hub.Attach()
+		defer l.Close()
+		e, err := Open(Config{Link: l, EndpointID: uint8(i % 2), Key: 7})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		es = append(es, e)
+	}
+	var src [6]byte
+	copy(src[:], raw.HardwareAddr())
+	group := src
+	group[0] |= 1
+	for _, addrs := range [][2][6]byte{{broadcastMAC, src}, {[6]byte(es[0].eng.mac), group}} {
+		f := make([]byte, frameLen(tConnect, 0))
+		h := header{typ: tConnect, dstEP: 0, srcEP: 3, srcSession: 1}
+		putConnect(putHeader(f, &addrs[0], &addrs[1], xdp.DefaultEtherType, &h), 7, 1, 1500)
+		if _, err := raw.Send([][]byte{f}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	bufs, sizes := [][]byte{make([]byte, 1600)}, []int{0}
+	if n, _ := raw.Recv(bufs, sizes, 0); n != 0 {
+		t.Errorf("group-addressed connects were answered")
+	}
+	if c := es[0].Counters().BadFrames; c == 0 {
+		t.Errorf("group-addressed frames not counted as bad")
+	}
+	if _, err := es[0].IConnect(Addr{MAC: broadcastMAC, EP: 1}, 7, nil); err == nil {
+		t.Errorf("IConnect to the broadcast address accepted")
+	}
+}
+
+// TestLocalDisconnect: Disconnect between two endpoints of one process
+// disconnects both sides, as the disconnect frame does between hosts.
+func TestLocalDisconnect(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l := hub.Attach()
+	defer l.Close()
+	a, err := Open(Config{Link: l, EndpointID: 1, Key: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(Config{Link: l, EndpointID: 2, Key: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	a.Disconnect(b.Addr())
+	if _, err := b.Isend(a.Addr(), 1, nil, nil); !errors.Is(err, ErrNotConnected) {
+		t.Errorf("b sends to a after a disconnected it: %v, want ErrNotConnected", err)
+	}
+}
+
+// TestConfigRefusals: negative durations, MinRTO above MaxRTO, and an
+// endpoint whose progress settings differ from those of the endpoints
+// already on its link are refused, naming the setting.
+func TestConfigRefusals(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l := hub.Attach()
+	defer l.Close()
+	for _, c := range []struct {
+		arg string
+		cfg Config
+	}{
+		{"GiveUp", Config{GiveUp: -1}},
+		{"ConnectRetry", Config{ConnectRetry: -1}},
+		{"AckDelay", Config{AckDelay: -1}},
+		{"KeepaliveInterval", Config{KeepaliveInterval: -1}},
+		{"MinRTO", Config{MinRTO: time.Second, MaxRTO: time.Millisecond}},
+	} {
+		c.cfg.Link = l
+		e, err := Open(c.cfg)
+		var ae *ArgError
+		if !errors.As(err, &ae) || ae.Arg != c.arg {
+			t.Errorf("Open with a bad %s: %v", c.arg, err)
+		}
+		if err == nil {
+			e.Close()
+		}
+	}
+	a, err := Open(Config{Link: l, EndpointID: 1, BusyPoll: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, c := range []struct {
+		arg string
+		cfg Config
+	}{
+		{"BusyPoll", Config{}},
+		{"SpinBeforeSleep", Config{BusyPoll: true, SpinBeforeSleep: NoSpin}},
+		{"EtherType", Config{BusyPoll: true, EtherType: 0x88b6}},
+	} {
+		c.cfg.Link, c.cfg.EndpointID = l, 2
+		e, err := Open(c.cfg)
+		var ae *ArgError
+		if !errors.As(err, &ae) || ae.Arg != c.arg {
+			t.Errorf("second endpoint with another %s: %v", c.arg, err)
+		}
+		if err == nil {
+			e.Close()
+		}
+	}
+}
+
+// TestIbufferedForeignHandle: Ibuffered, like Test and Wait, refuses
+// another endpoint's handle (it read it under the wrong engine's lock).
+func TestIbufferedForeignHandle(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	r, err := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Cancel(r)
+	if _, err := a.Ibuffered(r); !errors.Is(err, ErrStaleRequest) {
+		t.Errorf("Ibuffered of another endpoint's handle: %v, want ErrStaleRequest", err)
+	}
+}
