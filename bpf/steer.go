@@ -55,6 +55,30 @@ type LoadOptions struct {
 	Frags bool
 }
 
+// CheckEtherType reports why et cannot be the stack's EtherType: frames of
+// it are steered away from the kernel, which must keep ARP, IP and VLANs,
+// and a value below 0x0600 is an 802.3 length, not a type.
+func CheckEtherType(et uint16) error {
+	var what string
+	switch {
+	case et < 0x0600:
+		what = "an 802.3 length field, not an EtherType (want 0x0600 or above)"
+	case et == 0x0800:
+		what = "IPv4"
+	case et == 0x0806:
+		what = "ARP"
+	case et == 0x8035:
+		what = "RARP"
+	case et == 0x86DD:
+		what = "IPv6"
+	case et == 0x8100 || et == 0x88A8 || et == 0x9100:
+		what = "a VLAN tag"
+	default:
+		return nil
+	}
+	return fmt.Errorf("EtherType %#04x is %s: the kernel must keep those frames", et, what)
+}
+
 // Load loads the steering program and its maps into the kernel. It does not
 // attach it to any interface: see Steering.Attach. Loading needs
 // CAP_BPF/CAP_NET_ADMIN (in practice: root). The caller must Close the
@@ -63,6 +87,9 @@ func Load(opts LoadOptions) (*Steering, error) {
 	et := opts.EtherType
 	if et == 0 {
 		et = DefaultEtherType
+	}
+	if err := CheckEtherType(et); err != nil {
+		return nil, fmt.Errorf("bpf: load steering program: %w", err)
 	}
 	progName := steerProgXmxSteer
 	if opts.Frags {

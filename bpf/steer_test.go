@@ -8,7 +8,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+	"github.com/xmx-stack/xmx/internal/netlab"
 	"golang.org/x/sys/unix"
 )
 
@@ -168,7 +168,9 @@ func TestStackFrameWithoutSocketIsPassed(t *testing.T) {
 }
 
 // Every other EtherType goes to the kernel untouched, including a VLAN tag
-// in front of the stack's EtherType: only the outer EtherType counts.
+// in front of the stack's EtherType: only the outer EtherType counts. (A
+// tag held in the packet's metadata instead is not seen: see the package
+// doc.)
 func TestOtherEtherTypesArePassed(t *testing.T) {
 	requirePrivileged(t)
 	variants(t, LoadOptions{}, func(t *testing.T, s *Steering) {
@@ -408,21 +410,11 @@ func ipCmd(t *testing.T, args ...string) string {
 }
 
 // newNetns creates a uniquely named network namespace, deleted when the test
-// ends (whether it passed or not).
+// ends (whether it passed or not) or, should the test binary die first, by
+// netlab's reaper.
 func newNetns(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("ip(8) (iproute2) not installed")
-	}
-	name := fmt.Sprintf("xmxbpf-%d-%08x", os.Getpid(), rand.Uint32())
-	ipCmd(t, "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v\n%s", name, err, out)
-		}
-	})
-	ipCmd(t, "-n", name, "link", "set", "lo", "up")
-	return name
+	return netlab.Namespace(t)
 }
 
 // inNetns runs fn on the calling (test) goroutine, locked to its OS thread
@@ -852,4 +844,24 @@ func TestRedirectToSocket(t *testing.T) {
 			expect(t, s, f, xdpPass, Stats{NoSocket: 1})
 		})
 	})
+}
+
+// TestEtherTypeRefused: EtherTypes the kernel needs (ARP, IP, VLAN tags)
+// and 802.3 lengths are refused, naming the value in hex; Load refuses them
+// before loading anything.
+func TestEtherTypeRefused(t *testing.T) {
+	for _, et := range []uint16{0x0040, 0x05ff, 0x0800, 0x0806, 0x8035, 0x86dd, 0x8100, 0x88a8, 0x9100} {
+		err := CheckEtherType(et)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%#04x", et)) {
+			t.Errorf("CheckEtherType(%#04x) = %v, want an error naming it", et, err)
+		}
+		if _, err := Load(LoadOptions{EtherType: et}); err == nil {
+			t.Errorf("Load with EtherType %#04x succeeded", et)
+		}
+	}
+	for _, et := range []uint16{0x0600, DefaultEtherType, 0x88b6, 0xffff} {
+		if err := CheckEtherType(et); err != nil {
+			t.Errorf("CheckEtherType(%#04x): %v", et, err)
+		}
+	}
 }

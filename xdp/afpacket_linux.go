@@ -11,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/xmx-stack/xmx/bpf"
 )
 
 // AFPacketConfig configures [OpenAFPacket].
@@ -162,6 +164,10 @@ func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
 	et := cfg.EtherType
 	if et == 0 {
 		et = DefaultEtherType
+	}
+	if err := bpf.CheckEtherType(et); err != nil {
+		// The peers' kernels would take our frames for theirs.
+		return fail("open afpacket", err)
 	}
 	batch := cfg.Batch
 	switch {

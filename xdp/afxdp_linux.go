@@ -272,6 +272,9 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if cfg.FrameSize != 2048 && cfg.FrameSize != 4096 {
 		return nil, fmt.Errorf("xdp: open AF_XDP: frame size %d: must be 2048 or 4096", cfg.FrameSize)
 	}
+	if err := bpf.CheckEtherType(cfg.EtherType); err != nil {
+		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
+	}
 	if err := checkRingSize("xdp: open AF_XDP: frame count", cfg.NumFrames); err != nil || cfg.NumFrames < 4 {
 		return nil, fmt.Errorf("xdp: open AF_XDP: frame count %d: must be a power of two, at least 4", cfg.NumFrames)
 	}

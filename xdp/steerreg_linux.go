@@ -61,7 +61,7 @@ func acquireSteering(ifname string, ifindex int, opts bpf.LoadOptions, mode bpf.
 		}
 		if e.opts != opts {
 			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,
-				Err: fmt.Errorf("already attached by this process with options %+v, want %+v", e.opts, opts)}
+				Err: fmt.Errorf("already attached by this process for EtherType %#04x, want %#04x", e.opts.EtherType, opts.EtherType)}
 		}
 		if mode != bpf.AttachAuto && mode != e.mode {
 			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,

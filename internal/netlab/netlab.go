@@ -118,17 +118,77 @@ func Script() (string, error) { return script() }
 // failure is reported with the command line and output, wrapping the
 // *exec.ExitError (so callers can check the exit code: 2 means bad arguments).
 func runScript(args ...string) ([]byte, error) {
+	return runScriptLocked(nil, args...)
+}
+
+// runScriptLocked is runScript handing the script lock, the lab's lock
+// file already locked (lockLab), as its descriptor 3: the script holds the
+// lock from its first instruction, and this process closes its own copy
+// once the script started.
+func runScriptLocked(lock *os.File, args ...string) ([]byte, error) {
 	p, err := script()
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, p, args...).CombinedOutput()
-	if err != nil {
-		return out, fmt.Errorf("netlab: %s %s: %w\n%s", p, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	cmd := exec.CommandContext(ctx, p, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if lock != nil {
+		cmd.ExtraFiles = []*os.File{lock}
+		cmd.Env = append(os.Environ(), "XMX_LAB_LOCK_FD=3")
 	}
-	return out, nil
+	err = cmd.Start()
+	if lock != nil {
+		lock.Close()
+	}
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
+		return out.Bytes(), fmt.Errorf("netlab: %s %s: %w\n%s", p, strings.Join(args, " "), err, bytes.TrimSpace(out.Bytes()))
+	}
+	return out.Bytes(), nil
+}
+
+// lockDir holds the labs' lock files (scripts/lab's lock_lab).
+const lockDir = "/run/xmx-lab"
+
+// lockLab takes lab name's lock, as scripts/lab's up and down do: an up
+// this process starts holds it from before it starts, so that, should
+// this process die while the up runs, the reaper's down waits for the up
+// to end and then removes the whole lab.
+func lockLab(name string) (*os.File, error) {
+	if err := os.MkdirAll(lockDir, 0o755); err != nil {
+		return nil, fmt.Errorf("netlab: lock lab %s: %w", name, err)
+	}
+	path := filepath.Join(lockDir, name+".lock")
+	for range 100 {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("netlab: lock lab %s: %w", name, err)
+		}
+		for {
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+			if err != syscall.EINTR {
+				break
+			}
+		}
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("netlab: lock lab %s: flock: %w", name, err)
+		}
+		// A down removes the file, holding its lock: ours must be the
+		// file the path names now.
+		held, err1 := f.Stat()
+		now, err2 := os.Stat(path)
+		if err1 == nil && err2 == nil && os.SameFile(held, now) {
+			return f, nil
+		}
+		f.Close()
+	}
+	return nil, fmt.Errorf("netlab: lock lab %s: %s keeps being removed", name, path)
 }
 
 // uniqueName returns "t" + 6 random [a-z0-9] not used by any namespace.
@@ -190,7 +250,11 @@ func Up(opts Options) (*Lab, error) {
 	if opts.Netem != "" {
 		args = append(args, "--netem", opts.Netem)
 	}
-	if _, err := runScript(args...); err != nil {
+	lock, err := lockLab(opts.Name)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := runScriptLocked(lock, args...); err != nil {
 		return nil, err
 	}
 	upNames.Store(opts.Name, true)
@@ -308,6 +372,40 @@ func New(tb testing.TB, opts Options) *Lab {
 	})
 	return l
 }
+
+// Namespace makes an empty network namespace (its loopback up) for a test
+// that builds its own topology, and removes it in tb.Cleanup or, should
+// the process die first, by the reaper, as [New] does a lab's. It is a
+// one-host lab without interfaces: its name is "P-h1", its loopback
+// carries the lab mark (scripts/lab down --all), and P names it.
+func Namespace(tb testing.TB) string {
+	tb.Helper()
+	RequirePrivileged(tb)
+	name := uniqueName()
+	if err := reapLater(name); err != nil {
+		tb.Fatal(err)
+	}
+	l := &Lab{Name: name, reap: true}
+	tb.Cleanup(func() {
+		if err := l.Down(); err != nil {
+			tb.Errorf("netlab: removing namespace %s-h1: %v", name, err)
+		}
+	})
+	ns := name + "-h1"
+	for _, args := range [][]string{
+		{"netns", "add", ns},
+		{"-n", ns, "link", "set", "lo", "alias", labMark + " namespace"},
+		{"-n", ns, "link", "set", "lo", "up"},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			tb.Fatalf("netlab: ip %s: %v\n%s", strings.Join(args, " "), err, bytes.TrimSpace(out))
+		}
+	}
+	return ns
+}
+
+// labMark begins the alias scripts/lab gives a lab's interfaces (its MARK).
+const labMark = "xmx-lab v1"
 
 // privilegeProblem says why labs cannot be made here, or "" if they can.
 var privilegeProblem = sync.OnceValue(func() string {

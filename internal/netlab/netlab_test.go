@@ -602,8 +602,12 @@ func TestCleanupOnFailure(t *testing.T) {
 func TestReaper(t *testing.T) {
 	t.Parallel()
 	RequirePrivileged(t)
-	for _, mode := range []string{"panic-in-benchmark", "killed"} {
+	for _, mode := range []string{"panic-in-benchmark", "killed", "killed-during-up"} {
 		t.Run(mode, func(t *testing.T) {
+			if mode == "killed-during-up" {
+				reapDuringUp(t)
+				return
+			}
 			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailingLab$", "-test.v", "-test.count=1")
 			if mode == "panic-in-benchmark" {
 				cmd = exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^BenchmarkHelperFailingLab$", "-test.benchtime=1x")
@@ -642,6 +646,62 @@ func TestReaper(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// reapDuringUp kills a test process while its lab's "scripts/lab up"
+// runs. The up goes on, orphaned; the reaper's down must wait for it
+// and remove the whole lab, not find nothing and leave what up builds.
+func reapDuringUp(t *testing.T) {
+	real, err := Script()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	mark, done := filepath.Join(dir, "mark"), filepath.Join(dir, "done")
+	// The wrapper says which lab an up builds, then builds it slowly.
+	wrapper := filepath.Join(dir, "lab")
+	script := fmt.Sprintf(`#!/bin/bash
+if [[ $1 == up ]]; then
+	echo "$3" >%[1]q.tmp && mv %[1]q.tmp %[1]q
+	sleep 0.5
+	%[3]q "$@"
+	rc=$?
+	touch %[2]q
+	exit $rc
+fi
+exec %[3]q "$@"
+`, mark, done, real)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperFailingLab$", "-test.v", "-test.count=1")
+	cmd.Env = append(os.Environ(), "NETLAB_HELPER_MODE=killed", "XMX_LAB_SCRIPT="+wrapper)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var name string
+	for deadline := time.Now().Add(20 * time.Second); name == ""; time.Sleep(time.Millisecond) {
+		if b, err := os.ReadFile(mark); err == nil {
+			name = strings.TrimSpace(string(b))
+		} else if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatal("the helper never ran up")
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	defer exec.Command(real, "down", "--name", name).Run()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := os.Stat(done)
+		left := labNamespaces(t, name)
+		if err == nil && len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lab %s: up finished %v, namespaces left %v 30 s after its process was killed during up", name, err == nil, left)
+		}
 	}
 }
 
