@@ -4,8 +4,9 @@
 GO      ?= $(shell command -v go || echo /usr/local/go/bin/go)
 export PATH := $(dir $(GO)):$(PATH)
 
-# Debian packages the tests and the lab use (ip, tc with netem, ping).
-DEB_PKGS := iproute2 iputils-ping kmod
+# Debian packages the tests and the lab use: ip and tc (netem), ping,
+# sysctl, and a C compiler (go test -race needs cgo).
+DEB_PKGS := iproute2 iputils-ping procps gcc libc6-dev
 # Debian packages needed only to regenerate the BPF object (make generate).
 DEB_GEN  := clang llvm libbpf-dev
 
@@ -18,18 +19,11 @@ build:
 
 # Install what a fresh Debian machine lacks (as root); a no-op when present.
 deps:
-	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-		echo "installing:$$missing"; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	fi
+	@scripts/debdeps $(DEB_PKGS)
 	$(GO) mod download
 
 deps-generate:
-	@missing=""; for p in $(DEB_GEN); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	fi
+	@scripts/debdeps $(DEB_GEN)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -42,7 +36,7 @@ vet:
 # The whole suite, privileged tests included (they skip without root unless
 # XMX_REQUIRE_PRIVILEGED=1, which turns a skip into a failure).
 test: deps fmt-check vet
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 20m ./...
 
 # The first thing to run: a two-host veth lab, an msglayer ping-pong sweep
 # and a stream through it, the raw link floor beside, everything torn down.

@@ -219,6 +219,7 @@ func labWorldOf(tb testing.TB, lab *netlab.Lab, kind string) world {
 			cfg.LinkKind = kind
 			var e *msglayer.Endpoint
 			if err := lab.Hosts[host].Do(func() (err error) { e, err = msglayer.Open(cfg); return }); err != nil {
+				skipNoMultiBuffer(t, err)
 				t.Fatalf("open endpoint on %s: %v", lab.Hosts[host].Name, err)
 			}
 			t.Cleanup(func() { e.Close() })

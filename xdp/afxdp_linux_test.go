@@ -2,6 +2,7 @@ package xdp_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -24,6 +25,10 @@ func openAFXDP(tb testing.TB, h *netlab.Host, cfg xdp.AFXDPConfig) *xdp.AFXDPLin
 		l, err = xdp.OpenAFXDP(cfg)
 		return err
 	})
+	if errors.Is(err, xdp.ErrMultiBufferUnsupported) {
+		release, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+		tb.Skipf("open AF_XDP on %s: %v (this kernel: %s)", h.Name, err, strings.TrimSpace(string(release)))
+	}
 	if err != nil {
 		tb.Fatalf("open AF_XDP on %s: %v", h.Name, err)
 	}

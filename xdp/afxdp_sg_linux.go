@@ -70,5 +70,10 @@ func (l *AFXDPLink) sgBindErr(err error) error {
 	if err == nil || !l.sg || !errors.Is(err, unix.EINVAL) {
 		return err
 	}
-	return fmt.Errorf("multi-buffer (XDP_USE_SG): %w (needs Linux 6.6 or later)", err)
+	return fmt.Errorf("%w: %w", ErrMultiBufferUnsupported, err)
 }
+
+// ErrMultiBufferUnsupported is the error (wrapped) of opening a
+// multi-buffer AF_XDP link (jumbo MTU, MultiBuffer) on a kernel that
+// refuses XDP_USE_SG.
+var ErrMultiBufferUnsupported = errors.New("multi-buffer AF_XDP (XDP_USE_SG) refused: needs Linux 6.6 or later")
