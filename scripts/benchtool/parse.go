@@ -172,22 +172,30 @@ func parseFiPingpong(out string) ([]fiResult, error) {
 	return rows, nil
 }
 
-// parseFiSize reads fi_pingpong's size column ("8", "64k", "1m"; k = 1024).
-func parseFiSize(s string) (int, error) {
-	mult := 1
+// fiSizeStr is how fi_pingpong prints a size (size_str() in libfabric's
+// util/pingpong.c): in the largest unit of 1024 (k, m, g) it reaches, with
+// one decimal, truncated, below 10 units and none from 10 on, the decimal
+// left out when it is 0 ("8", "1000", "1.4k" for 1500, "8.7k" for 9000,
+// "19k" for 20000, "64k", "1m"). The result line is matched against it:
+// parsing the column back cannot recover sizes that are not whole units.
+func fiSizeStr(size int) string {
+	base, mag := 1, ""
 	switch {
-	case strings.HasSuffix(s, "k"):
-		mult, s = 1<<10, strings.TrimSuffix(s, "k")
-	case strings.HasSuffix(s, "m"):
-		mult, s = 1<<20, strings.TrimSuffix(s, "m")
-	case strings.HasSuffix(s, "g"):
-		mult, s = 1<<30, strings.TrimSuffix(s, "g")
+	case size >= 1<<30:
+		base, mag = 1<<30, "g"
+	case size >= 1<<20:
+		base, mag = 1<<20, "m"
+	case size >= 1<<10:
+		base, mag = 1<<10, "k"
 	}
-	n, err := strconv.Atoi(s)
-	if err != nil {
-		return 0, fmt.Errorf("fi_pingpong size %q: %w", s, err)
+	whole, frac := size/base, 0
+	if whole < 10 {
+		frac = size % base * 10 / base
 	}
-	return n * mult, nil
+	if frac != 0 {
+		return fmt.Sprintf("%d.%d%s", whole, frac, mag)
+	}
+	return fmt.Sprintf("%d%s", whole, mag)
 }
 
 // ---- sockperf ------------------------------------------------------------

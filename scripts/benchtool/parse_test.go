@@ -76,16 +76,26 @@ func TestParseFiPingpong(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n, err := parseFiSize(rows[0].Bytes); err != nil || n != 1<<20 || !near(rows[0].UsecPerXfer, 412.90) || !near(rows[0].MBps, 2539.56) {
-		t.Errorf("1 MiB: got %+v (size %d, %v)", rows, n, err)
+	if rows[0].Bytes != fiSizeStr(1<<20) || !near(rows[0].UsecPerXfer, 412.90) || !near(rows[0].MBps, 2539.56) {
+		t.Errorf("1 MiB: got %+v", rows)
 	}
 	_, err = parseFiPingpong(fixture(t, "fi_pingpong_noserver.txt"))
 	if err == nil || !strings.Contains(err.Error(), "failed to connect") {
 		t.Errorf("no server: got %v", err)
 	}
-	for in, want := range map[string]int{"8": 8, "64k": 65536, "1m": 1 << 20, "1000": 1000} {
-		if got, err := parseFiSize(in); err != nil || got != want {
-			t.Errorf("parseFiSize(%q) = %d, %v; want %d", in, got, err, want)
+}
+
+// TestFiSizeStr: fi_pingpong's size column as libfabric's size_str()
+// prints it (util/pingpong.c): base 1024, one truncated decimal below 10
+// units, none from 10 on or when it is 0.
+func TestFiSizeStr(t *testing.T) {
+	for size, want := range map[int]string{
+		8: "8", 1000: "1000", 1023: "1023", 1024: "1k", 1500: "1.4k", 1536: "1.5k", 2047: "1.9k",
+		9000: "8.7k", 10*1024 + 1023: "10k", 20000: "19k", 65536: "64k", 1 << 20: "1m",
+		1<<20 + 1<<19: "1.5m", 4000000: "3.8m", 1 << 30: "1g", 3 << 29: "1.5g",
+	} {
+		if got := fiSizeStr(size); got != want {
+			t.Errorf("fiSizeStr(%d) = %q, want %q", size, got, want)
 		}
 	}
 }

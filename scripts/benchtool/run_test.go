@@ -459,3 +459,52 @@ func TestTablesLinkFloorAndUMEM(t *testing.T) {
 		t.Errorf("bandwidth plot script (%v):\n%s", err, script)
 	}
 }
+
+// TestFabricSizeColumn: fi_pingpong prints sizes that are not whole KiB with
+// one decimal ("1.4k" for 1500, "8.7k" for 9000, "19k" for 20000); such a
+// result line is for the size asked, and a line for another size is not.
+// The fake fi_pingpong prints the size column given in FAKE_FI_SIZE (what
+// libfabric's size_str() prints for the size); a fake ss says the server
+// listens.
+func TestFabricSizeColumn(t *testing.T) {
+	dir := t.TempDir()
+	fake := `#!/bin/sh
+server=no
+while [ $# -gt 0 ]; do
+  case $1 in
+  -B) server=yes; shift ;;
+  -p|-e|-m|-I|-S|-P) shift ;;
+  esac
+  shift
+done
+if [ $server = yes ]; then sleep 0.3; exit 0; fi
+echo "bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec"
+echo "$FAKE_FI_SIZE       1k      =1k      1m         0.05s    100.00       6.50       0.15"
+`
+	for name, script := range map[string]string{"fi_pingpong": fake, "ss": "#!/bin/sh\necho LISTEN\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	fab := fabricSystem()
+	for _, c := range []struct {
+		size    int
+		printed string
+		ok      bool
+	}{
+		{1024, "1k", true}, {1500, "1.4k", true}, {9000, "8.7k", true}, {20000, "19k", true},
+		{9000, "9k", false}, {1500, "1k", false}, {1 << 20, "1m", true},
+	} {
+		t.Setenv("FAKE_FI_SIZE", c.printed)
+		s, err := fab.Measure(fakeEnv(t), Latency, 1, c.size)
+		switch {
+		case c.ok && err != nil:
+			t.Errorf("size %d printed %q: %v", c.size, c.printed, err)
+		case c.ok && (s.MeanUs == nil || *s.MeanUs != 6.5 || s.SizeUsed != c.size):
+			t.Errorf("size %d printed %q: got %+v", c.size, c.printed, s)
+		case !c.ok && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", c.printed))):
+			t.Errorf("size %d printed %q: got %v, want an error naming the line's size", c.size, c.printed, err)
+		}
+	}
+}

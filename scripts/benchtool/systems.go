@@ -176,8 +176,8 @@ func fabricSystem() *System {
 		}
 		rows, err := parseFiPingpong(ro.Stdout)
 		if err == nil {
-			if got, perr := parseFiSize(rows[len(rows)-1].Bytes); perr != nil || got != size {
-				err = fmt.Errorf("fi_pingpong: result line is for size %q, want %d", rows[len(rows)-1].Bytes, size)
+			if got, want := rows[len(rows)-1].Bytes, fiSizeStr(size); got != want {
+				err = fmt.Errorf("fi_pingpong: result line is for size %q, want %q (%d bytes as fi_pingpong prints it)", got, want, size)
 			}
 		}
 		if err != nil {
