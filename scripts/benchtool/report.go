@@ -103,8 +103,25 @@ func cell(s *SystemData, metric, stat string, size int) (string, string) {
 // isLink reports a raw link floor row (xmx linkbench).
 func isLink(s *SystemData) bool { return strings.HasPrefix(s.Name, "link-") }
 
+// ratioMarks is the markers a ratio of two cells carries: those of either
+// cell (see cell), each once, in the table's order. A ratio is only a clean
+// comparison when both cells are: a p50 over a mean (†), sides at
+// different sizes (*) or a point whose rounds failed (!) must not read as
+// one.
+func ratioMarks(xMarks, dMarks string) string {
+	var m string
+	for _, r := range "†*!" {
+		if strings.ContainsRune(xMarks, r) || strings.ContainsRune(dMarks, r) {
+			m += string(r)
+		}
+	}
+	return m
+}
+
 // ratioBlocks prints, for each column x that is numerator, a block of x's
-// value divided by every column that is denominator, size by size.
+// value divided by every column that is denominator, size by size; each
+// ratio carries the markers of the two cells it divides (ratioMarks),
+// explained under the block.
 func ratioBlocks(w io.Writer, res *Results, t tableSpec, cols []*SystemData, what, note string, numerator, denominator func(*SystemData) bool) {
 	var dens []*SystemData
 	for _, c := range cols {
@@ -130,15 +147,20 @@ func ratioBlocks(w io.Writer, res *Results, t tableSpec, cols []*SystemData, wha
 			fmt.Fprintf(tw, "÷%s\t", d.Name)
 		}
 		fmt.Fprintln(tw)
+		used := ""
 		for _, size := range res.Options.Sizes {
 			xv, _, xok := x.lookup(t.metric, size).value(t.metric, t.stat)
 			if !xok {
 				continue
 			}
+			_, xMarks := cell(x, t.metric, t.stat, size)
 			fmt.Fprintf(tw, "  %s\t", sizeLabel(size))
 			for _, d := range dens {
 				if dv, _, ok := d.lookup(t.metric, size).value(t.metric, t.stat); ok && dv > 0 {
-					fmt.Fprintf(tw, "%.2f×\t", xv/dv)
+					_, dMarks := cell(d, t.metric, t.stat, size)
+					m := ratioMarks(xMarks, dMarks)
+					used += m
+					fmt.Fprintf(tw, "%.2f×%s\t", xv/dv, m)
 				} else {
 					fmt.Fprint(tw, "-\t")
 				}
@@ -146,6 +168,19 @@ func ratioBlocks(w io.Writer, res *Results, t tableSpec, cols []*SystemData, wha
 			fmt.Fprintln(tw)
 		}
 		tw.Flush()
+		var legend []string
+		if strings.Contains(used, "†") {
+			legend = append(legend, "† one side is a mean (no percentile): not a like-for-like ratio")
+		}
+		if strings.Contains(used, "*") {
+			legend = append(legend, "* one side ran at another size than the row's")
+		}
+		if strings.Contains(used, "!") {
+			legend = append(legend, "! some rounds of one side failed")
+		}
+		if len(legend) > 0 {
+			fmt.Fprintf(w, "  %s\n", strings.Join(legend, "; "))
+		}
 	}
 }
 

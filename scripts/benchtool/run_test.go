@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -373,6 +374,7 @@ func TestAggregateAndTables(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"One-way latency p50", "xmx-spin ÷ peer, latency p50", "÷ucx", "÷libfabric", "0.50×", // 2 / 4
+		"0.25×†", "1.00×*", // over libfabric's mean, over sockperf at 14 B
 		"8.00†", // libfabric's mean in the p50 table
 		"2.00*", // sockperf ran at 14 B
 		"n/a", "FAIL", "Bandwidth", "xmx-spin ÷ peer, bandwidth", "2.00×",
@@ -506,5 +508,64 @@ echo "$FAKE_FI_SIZE       1k      =1k      1m         0.05s    100.00       6.50
 		case !c.ok && (err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", c.printed))):
 			t.Errorf("size %d printed %q: got %v, want an error naming the line's size", c.size, c.printed, err)
 		}
+	}
+}
+
+// TestRatioMarkers: a ratio carries the markers of the cells it divides:
+// xmx's p50 over libfabric's mean (†) of a point where 2 of 3 rounds
+// failed (!), over sockperf at 14 bytes for an 8-byte row (*); a ratio of
+// two clean cells carries none. The block says what the markers mean.
+func TestRatioMarkers(t *testing.T) {
+	res := &Results{Options: Options{Sizes: []int{8}, Rounds: 3}}
+	xmx := &SystemData{Name: "xmx-spin", Side: SideXMX, Metrics: []string{Latency}}
+	p := xmx.point(Latency, 8)
+	p.Rounds = []Sample{{SizeUsed: 8, P50us: f64(4), MeanUs: f64(4.2)}}
+	fab := &SystemData{Name: "libfabric", Side: SidePeer, Metrics: []string{Latency}}
+	q := fab.point(Latency, 8)
+	q.Rounds = []Sample{{SizeUsed: 8, MeanUs: f64(13)}}
+	q.Failed = 2
+	sp := &SystemData{Name: "sockperf-udp", Side: SidePeer, Metrics: []string{Latency}}
+	r := sp.point(Latency, 8)
+	r.Rounds = []Sample{{SizeUsed: 14, P50us: f64(9), P99us: f64(18), MeanUs: f64(9.3)}}
+	u := &SystemData{Name: "ucx", Side: SidePeer, Metrics: []string{Latency}}
+	v := u.point(Latency, 8)
+	v.Rounds = []Sample{{SizeUsed: 8, P50us: f64(2), P99us: f64(4), MeanUs: f64(2.1)}}
+	for _, pt := range []*Point{p, q, r, v} {
+		pt.aggregate()
+	}
+	res.Systems = []*SystemData{xmx, fab, sp, u}
+	var b bytes.Buffer
+	writeTables(&b, res)
+	out := b.String()
+	i := strings.Index(out, "xmx-spin ÷ peer, latency p50")
+	if i < 0 {
+		t.Fatalf("no p50 ratio block:\n%s", out)
+	}
+	rows := func(block string) []string {
+		for _, line := range strings.Split(block, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == "8" {
+				return f[1:]
+			}
+		}
+		return nil
+	}
+	block := out[i:]
+	block = block[:strings.Index(block, "\n\n")+1]
+	if got, want := rows(block), []string{"0.31×†!", "0.44×*", "2.00×"}; !slices.Equal(got, want) {
+		t.Errorf("p50 ratios %q, want %q:\n%s", got, want, block)
+	}
+	for _, want := range []string{"† one side is a mean", "* one side ran at another size", "! some rounds of one side failed"} {
+		if !strings.Contains(block, want) {
+			t.Errorf("p50 ratio block lacks %q:\n%s", want, block)
+		}
+	}
+	// The mean table: no † (every cell is a mean), the other markers kept.
+	i = strings.Index(out, "xmx-spin ÷ peer, latency mean")
+	if i < 0 {
+		t.Fatalf("no mean ratio block:\n%s", out)
+	}
+	block = out[i:]
+	if got, want := rows(block), []string{"0.32×!", "0.45×*", "2.00×"}; !slices.Equal(got, want) || strings.Contains(block, "†") {
+		t.Errorf("mean ratios %q, want %q and no †:\n%s", got, want, block)
 	}
 }
