@@ -621,9 +621,11 @@ func xmxVersion(repo, bin, from string, tree bool) string {
 		about = append(about, "repository at "+strings.TrimSpace(string(out)))
 	}
 	// The tree is shared: say when a binary built from the working tree
-	// (bin/xmx) may carry uncommitted Go changes outside scripts/.
+	// (bin/xmx) may carry uncommitted changes outside scripts/ to its
+	// inputs (newestSource's: Go and assembly files, go.mod, go.sum, and
+	// the BPF object bpf/steer_bpfel.go embeds).
 	if tree {
-		if out, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--", "*.go", "go.mod", "go.sum", ":!scripts").Output(); err == nil {
+		if out, err := exec.Command("git", "-C", repo, "status", "--porcelain", "--", "*.go", "*.s", "*.o", "go.mod", "go.sum", ":!scripts").Output(); err == nil {
 			var files []string
 			for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 				if len(l) > 3 {

@@ -569,3 +569,65 @@ func TestRatioMarkers(t *testing.T) {
 		t.Errorf("mean ratios %q, want %q and no †:\n%s", got, want, block)
 	}
 }
+
+// TestNewestSource: bin/xmx is stale when any input of its build is newer:
+// a Go or assembly file, go.mod, go.sum, or a file a //go:embed directive
+// names (the BPF object); not when only tests, scripts/ or a file the build
+// does not read changed.
+func TestNewestSource(t *testing.T) {
+	repo := t.TempDir()
+	old, now := time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)
+	files := map[string]string{
+		"bin/xmx":             "binary",
+		"go.mod":              "module x\n",
+		"go.sum":              "",
+		"bpf/steer_bpfel.go":  "package bpf\n\n// Do not access this directly.\n//\n//go:embed steer_bpfel.o\nvar _SteerBytes []byte\n",
+		"bpf/steer_bpfel.o":   "object",
+		"bpf/steer.c":         "source of the object (make generate)",
+		"xdp/trace_amd64.s":   "TEXT ·f(SB),0,$0\n",
+		"xdp/link.go":         "package xdp\n",
+		"xdp/link_test.go":    "package xdp\n",
+		"scripts/tool/x.go":   "package main\n",
+		"web/static/page.txt": "page",
+		"web/web.go":          "package web\n\n//go:embed \"static\"\nvar static string\n",
+	}
+	for f, body := range files {
+		p := filepath.Join(repo, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	touch := func(f string, tm time.Time) {
+		t.Helper()
+		if err := os.Chtimes(filepath.Join(repo, f), tm, tm); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reset := func() {
+		for f := range files {
+			touch(f, old)
+		}
+		touch("bin/xmx", now)
+	}
+	reset()
+	if got := newestSource(repo); got != "" {
+		t.Fatalf("every input older than bin/xmx: newestSource = %q", got)
+	}
+	for _, f := range []string{"bpf/steer_bpfel.o", "go.mod", "go.sum", "xdp/trace_amd64.s", "xdp/link.go", "web/static/page.txt"} {
+		reset()
+		touch(f, time.Now())
+		if got := newestSource(repo); got != f {
+			t.Errorf("%s newer than bin/xmx: newestSource = %q", f, got)
+		}
+	}
+	for _, f := range []string{"bpf/steer.c", "xdp/link_test.go", "scripts/tool/x.go"} {
+		reset()
+		touch(f, time.Now())
+		if got := newestSource(repo); got != "" {
+			t.Errorf("only %s (not an input of bin/xmx) changed: newestSource = %q", f, got)
+		}
+	}
+}

@@ -6,6 +6,7 @@ package main
 // one (metric, size) and returns a Sample.
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -737,17 +738,36 @@ func linkLabel(kind string) string {
 	return kind
 }
 
-// newestSource returns a non-test Go file of the module (outside scripts/)
-// newer than bin/xmx, or "".
+// newestSource returns an input of bin/xmx's build newer than bin/xmx, or
+// "": go.mod or go.sum, a non-test Go or assembly file of the module
+// outside scripts/, or a file that a //go:embed directive of such a Go file
+// names (bpf/steer_bpfel.go embeds the BPF object "make generate" rewrites:
+// a new object with an old binary is a stale binary too).
 func newestSource(repo string) string {
 	bi, err := os.Stat(filepath.Join(repo, "bin", "xmx"))
 	if err != nil {
 		return ""
 	}
+	built := bi.ModTime()
+	newer := func(path string) bool {
+		fi, err := os.Stat(path)
+		return err == nil && fi.ModTime().After(built)
+	}
+	for _, f := range []string{"go.mod", "go.sum", "go.work", "go.work.sum"} {
+		if newer(filepath.Join(repo, f)) {
+			return f
+		}
+	}
 	found := ""
 	_ = filepath.WalkDir(repo, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || found != "" {
-			return filepath.SkipDir
+		if found != "" {
+			return filepath.SkipAll
+		}
+		if err != nil {
+			if d != nil && d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
 		}
 		name := d.Name()
 		if d.IsDir() {
@@ -756,12 +776,66 @@ func newestSource(repo string) string {
 			}
 			return nil
 		}
-		if strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") {
-			if fi, err := d.Info(); err == nil && fi.ModTime().After(bi.ModTime()) {
-				found, _ = filepath.Rel(repo, path)
+		if strings.HasSuffix(name, "_test.go") {
+			return nil
+		}
+		switch filepath.Ext(name) {
+		case ".go":
+			if newer(path) {
+				found = path
+			} else {
+				found = newerEmbedded(path, newer)
+			}
+		case ".s":
+			if newer(path) {
+				found = path
 			}
 		}
 		return nil
 	})
+	if found == "" {
+		return ""
+	}
+	if rel, err := filepath.Rel(repo, found); err == nil {
+		return rel
+	}
 	return found
+}
+
+// newerEmbedded returns a file that a //go:embed directive of the Go file
+// goFile names (directly, through a pattern or inside a named directory)
+// and that newer says is newer than the binary, or "". Patterns are
+// split at spaces; quotes around one are dropped.
+func newerEmbedded(goFile string, newer func(string) bool) string {
+	b, err := os.ReadFile(goFile)
+	if err != nil || !bytes.Contains(b, []byte("//go:embed")) {
+		return ""
+	}
+	dir := filepath.Dir(goFile)
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "//go:embed")
+		if !ok || (rest != "" && rest[0] != ' ' && rest[0] != '\t') {
+			continue
+		}
+		for _, pat := range strings.Fields(rest) {
+			pat = strings.TrimPrefix(strings.Trim(pat, "\"`"), "all:")
+			matches, _ := filepath.Glob(filepath.Join(dir, filepath.FromSlash(pat)))
+			for _, m := range matches {
+				found := ""
+				_ = filepath.WalkDir(m, func(path string, d fs.DirEntry, err error) error {
+					if found != "" {
+						return filepath.SkipAll
+					}
+					if err == nil && !d.IsDir() && newer(path) {
+						found = path
+					}
+					return nil
+				})
+				if found != "" {
+					return found
+				}
+			}
+		}
+	}
+	return ""
 }
