@@ -6,7 +6,11 @@
 // DIR/raw holds one directory per point, n<N>-r<ROUND>, with server.json
 // (xmx manyclients -role server), clients-h<K>.json (one per client
 // process) and cpu.txt (the machine's CPU counters around the point). It
-// writes DIR/results.json, DIR/table.txt and DIR/plot.png (gnuplot).
+// writes DIR/results.json, DIR/table.txt and DIR/plot.png (gnuplot). The
+// points must be of one sweep: a point whose configuration (message size,
+// window, rendezvous, duration, link, MTU, the server's receives) differs
+// from the first one's, or client counts with different rounds, are an
+// error.
 package main
 
 import (
@@ -32,6 +36,7 @@ import (
 
 // server and clients are the parts of xmx manyclients' reports used here.
 type server struct {
+	Link        link    `json:"link"`
 	Recvs       int     `json:"recvs_posted"`
 	RecvSize    int     `json:"recv_size"`
 	UnexpBound  int     `json:"unexpected_bound"`
@@ -55,9 +60,13 @@ type server struct {
 
 type clients struct {
 	Endpoints    int         `json:"endpoints"`
+	Link         link        `json:"link"`
+	PeerMTU      int         `json:"peer_mtu"`
 	Size         int         `json:"size"`
 	Window       int         `json:"window"`
 	Rndv         bool        `json:"rendezvous"`
+	UMEM         bool        `json:"umem"`
+	SharedBuffer bool        `json:"shared_buffer"`
 	DurationS    float64     `json:"duration_s"`
 	StartLateS   float64     `json:"start_late_s"`
 	Messages     uint64      `json:"messages"`
@@ -77,6 +86,50 @@ type clients struct {
 	PullResent   uint64 `json:"pull_resent_frames"`
 	RetransBytes uint64 `json:"retrans_bytes_est"`
 	Proc         proc   `json:"proc"`
+}
+
+// link is the link a report's endpoints used.
+type link struct {
+	Kind string `json:"kind"`
+	Mode string `json:"mode"`
+	MTU  int    `json:"mtu"`
+}
+
+// config is the part of a clients report that every report of a sweep
+// shares: what the clients were asked to do and the link they did it on.
+// The MTU is the one the data went at (the server's, as the clients heard
+// it; their link's in reports without it).
+func (c *clients) config() map[string]any {
+	mtu := c.PeerMTU
+	if mtu == 0 {
+		mtu = c.Link.MTU
+	}
+	return map[string]any{
+		"message_size": c.Size, "window": c.Window, "rendezvous": c.Rndv, "duration_s": c.DurationS,
+		"link": strings.TrimSpace(c.Link.Kind + " " + c.Link.Mode), "mtu": mtu, "umem": c.UMEM, "shared_buffer": c.SharedBuffer,
+	}
+}
+
+// configDiff lists the keys whose values differ between two
+// configurations, as "key A vs B", in key order; empty when they agree.
+func configDiff(a, b map[string]any) []string {
+	keys := make([]string, 0, len(a)+len(b))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	var diff []string
+	for _, k := range keys {
+		if va, vb := fmt.Sprint(a[k]), fmt.Sprint(b[k]); va != vb {
+			diff = append(diff, fmt.Sprintf("%s %s vs %s", k, va, vb))
+		}
+	}
+	return diff
 }
 
 type proc struct {
@@ -222,6 +275,7 @@ func run(rawDir, outDir, note string) error {
 	}
 	re := regexp.MustCompile(`^n(\d+)-r(\d+)$`)
 	var cfg map[string]any
+	cfgDir := ""
 	for _, d := range dirs {
 		m := re.FindStringSubmatch(filepath.Base(d))
 		if m == nil {
@@ -234,12 +288,21 @@ func run(rawDir, outDir, note string) error {
 			return fmt.Errorf("%s: %w", d, err)
 		}
 		res.Points = append(res.Points, p)
+		// The table and the plot describe the sweep by one configuration:
+		// a directory that mixes sweeps (an earlier run's reports left in
+		// raw/) must not be combined into one.
 		if cfg == nil {
-			cfg = c
+			cfg, cfgDir = c, filepath.Base(d)
+		} else if diff := configDiff(c, cfg); len(diff) > 0 {
+			return fmt.Errorf("%s: not the configuration of %s (%s): reports of different sweeps in %s? (each sweep needs a raw directory of its own)",
+				d, cfgDir, strings.Join(diff, ", "), rawDir)
 		}
 	}
 	if len(res.Points) == 0 {
 		return fmt.Errorf("no reports under %s", rawDir)
+	}
+	if err := checkRounds(res.Points); err != nil {
+		return fmt.Errorf("%s: %w", rawDir, err)
 	}
 	res.Config = cfg
 	// The date of the measurement: the newest report.
@@ -273,6 +336,32 @@ func run(rawDir, outDir, note string) error {
 	return plot(&res, outDir)
 }
 
+// checkRounds checks that every client count has the same rounds: the
+// table says "medians over R round(s)" for all of them, and rounds left
+// over from another sweep would be medians of other runs.
+func checkRounds(points []Point) error {
+	rounds := map[int][]int{}
+	var counts []int
+	for _, p := range points {
+		if _, ok := rounds[p.N]; !ok {
+			counts = append(counts, p.N)
+		}
+		rounds[p.N] = append(rounds[p.N], p.Round)
+	}
+	slices.Sort(counts)
+	for _, n := range counts {
+		slices.Sort(rounds[n])
+	}
+	first := counts[0]
+	for _, n := range counts[1:] {
+		if !slices.Equal(rounds[n], rounds[first]) {
+			return fmt.Errorf("N=%d has rounds %v, N=%d has rounds %v: every client count needs the same rounds (reports of different sweeps, or an unfinished one?)",
+				n, rounds[n], first, rounds[first])
+		}
+	}
+	return nil
+}
+
 func cmpInts(a1, b1, a2, b2 int) int {
 	if a1 != b1 {
 		return a1 - b1
@@ -303,14 +392,18 @@ func point(dir string, n, round int) (Point, map[string]any, error) {
 	var clientSleeps int64
 	hist := map[uint64]uint64{}
 	perOct := 0
-	var cl clients
+	var cfg map[string]any
 	endpoints := 0
 	for _, f := range files {
 		var c clients
 		if err := readJSON(f, &c); err != nil {
 			return Point{}, nil, err
 		}
-		cl = c
+		if cfg == nil {
+			cfg = c.config()
+		} else if diff := configDiff(c.config(), cfg); len(diff) > 0 {
+			return Point{}, nil, fmt.Errorf("%s: not the configuration of %s (%s)", filepath.Base(f), filepath.Base(files[0]), strings.Join(diff, ", "))
+		}
 		endpoints += c.Endpoints
 		p.ClientTxBytes += c.LinkStats.TxBytes
 		p.RetransBytes += c.RetransBytes
@@ -350,10 +443,11 @@ func point(dir string, n, round int) (Point, map[string]any, error) {
 		p.ClientsSleepsPerMsg = float64(clientSleeps) / float64(p.Messages)
 	}
 	p.OtherCPU, p.Load1 = cpuOther(filepath.Join(dir, "cpu.txt"), p.ServerCPUs+p.ClientsCPUs)
-	cfg := map[string]any{
-		"message_size": cl.Size, "window": cl.Window, "rendezvous": cl.Rndv, "duration_s": cl.DurationS,
-		"server_recvs_posted": s.Recvs, "server_recv_size": s.RecvSize, "unexpected_bound": s.UnexpBound,
-	}
+	cfg["server_recvs_posted"] = s.Recvs
+	cfg["server_recv_size"] = s.RecvSize
+	cfg["unexpected_bound"] = s.UnexpBound
+	cfg["server_link"] = strings.TrimSpace(s.Link.Kind + " " + s.Link.Mode)
+	cfg["server_mtu"] = s.Link.MTU
 	return p, cfg, nil
 }
 

@@ -1,6 +1,13 @@
 package main
 
-import "testing"
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
 
 func sweep(rounds ...[]float64) []Summary {
 	sum := make([]Summary, len(rounds))
@@ -43,5 +50,143 @@ func TestRatioIntervalNoisy(t *testing.T) {
 func TestRatioIntervalFewRounds(t *testing.T) {
 	if _, _, ok := ratioInterval(sweep([]float64{1, 2, 3}, []float64{1, 2}), 0.9); ok {
 		t.Fatal("an interval from two rounds")
+	}
+}
+
+// writePoint writes the reports of point n<n>-r<r> under raw: server.json
+// and one clients-h<K>.json per clients report (K from 2).
+func writePoint(t *testing.T, raw string, n, r int, srv map[string]any, cls ...map[string]any) {
+	t.Helper()
+	dir := filepath.Join(raw, fmt.Sprintf("n%d-r%d", n, r))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	put := func(name string, v any) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("server.json", srv)
+	for i, c := range cls {
+		put(fmt.Sprintf("clients-h%d.json", i+2), c)
+	}
+}
+
+// reports are the server's and one clients process's reports of a clean
+// point: n clients sending size-byte messages at MTU 1500, 1000 messages
+// in 3 s.
+func reports(n, size int) (srv, cl map[string]any) {
+	const msgs = 1000
+	link := map[string]any{"kind": "afxdp", "mode": "copy drv poll", "interface": "eth0", "mtu": 1500}
+	srv = map[string]any{"link": link, "recv_size": 65536, "recvs_posted": 64, "messages": msgs, "bytes": msgs * size,
+		"active_s": 3.0, "goodput_mbps": float64(msgs*size) / 3 / 1e6, "sources": n}
+	cl = map[string]any{"endpoints": n, "link": link, "peer_mtu": 1500, "size": size, "window": 2, "rendezvous": size > 32<<10,
+		"duration_s": 3, "messages": msgs, "bytes": msgs * size, "lat_buckets_per_octave": 32, "lat_hist": [][2]uint64{{300, msgs}}}
+	return srv, cl
+}
+
+// combine runs the combining step over raw into a new directory and
+// returns its error (a missing gnuplot is none) and table.txt.
+func combine(t *testing.T, raw string) (string, error) {
+	t.Helper()
+	out := t.TempDir()
+	err := run(raw, out, "")
+	if err != nil && strings.Contains(err.Error(), "gnuplot not found") {
+		err = nil
+	}
+	table, _ := os.ReadFile(filepath.Join(out, "table.txt"))
+	return string(table), err
+}
+
+// TestMixedSweepsRefused: reports of an earlier sweep left in raw/ (4 KiB
+// messages, 3 rounds) beside this one's (64 KiB, n1-r1 rewritten) are not
+// combined: the error names the point and what differs.
+func TestMixedSweepsRefused(t *testing.T) {
+	raw := t.TempDir()
+	for r := 1; r <= 3; r++ {
+		srv, cl := reports(1, 4096)
+		writePoint(t, raw, 1, r, srv, cl)
+	}
+	srv, cl := reports(1, 65536)
+	writePoint(t, raw, 1, 1, srv, cl)
+	table, err := combine(t, raw)
+	if err == nil || !strings.Contains(err.Error(), "n1-r2") || !strings.Contains(err.Error(), "message_size 4096 vs 65536") {
+		t.Fatalf("mixed sweeps: got %v, want an error naming n1-r2 and its message_size; table:\n%s", err, table)
+	}
+}
+
+// TestConfigChecked: every point's configuration is checked against the
+// first one's, the clients reports of one point against each other, and
+// every count must have the same rounds.
+func TestConfigChecked(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		change func(raw string)
+		want   []string
+	}{
+		{"same", func(string) {}, nil},
+		{"mtu", func(raw string) {
+			srv, cl := reports(2, 65536)
+			cl["peer_mtu"] = 9000
+			writePoint(t, raw, 2, 1, srv, cl)
+		}, []string{"n2-r1", "mtu 9000 vs 1500"}},
+		{"window and duration", func(raw string) {
+			srv, cl := reports(2, 65536)
+			cl["window"], cl["duration_s"] = 4, 10
+			writePoint(t, raw, 2, 1, srv, cl)
+		}, []string{"n2-r1", "duration_s 10 vs 3", "window 4 vs 2"}},
+		{"link", func(raw string) {
+			srv, cl := reports(2, 65536)
+			cl["link"] = map[string]any{"kind": "afpacket", "mode": "", "mtu": 1500}
+			writePoint(t, raw, 2, 1, srv, cl)
+		}, []string{"n2-r1", "link afpacket vs afxdp copy drv poll"}},
+		{"rendezvous", func(raw string) {
+			srv, cl := reports(2, 65536)
+			cl["rendezvous"] = false
+			writePoint(t, raw, 2, 1, srv, cl)
+		}, []string{"n2-r1", "rendezvous false vs true"}},
+		{"server receives", func(raw string) {
+			srv, cl := reports(2, 65536)
+			srv["recvs_posted"] = 8
+			writePoint(t, raw, 2, 1, srv, cl)
+		}, []string{"n2-r1", "server_recvs_posted 8 vs 64"}},
+		{"clients of one point", func(raw string) {
+			srv, cl := reports(2, 65536)
+			_, other := reports(2, 4096)
+			cl["endpoints"], other["endpoints"] = 1, 1
+			writePoint(t, raw, 2, 1, srv, cl, other)
+		}, []string{"n2-r1", "clients-h3.json", "clients-h2.json", "message_size 4096 vs 65536"}},
+		{"rounds", func(raw string) {
+			srv, cl := reports(1, 65536)
+			writePoint(t, raw, 1, 2, srv, cl)
+		}, []string{"N=2 has rounds [1], N=1 has rounds [1 2]"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			raw := t.TempDir()
+			for _, n := range []int{1, 2} {
+				srv, cl := reports(n, 65536)
+				writePoint(t, raw, n, 1, srv, cl)
+			}
+			c.change(raw)
+			table, err := combine(t, raw)
+			if c.want == nil {
+				if err != nil || !strings.Contains(table, "medians over 1 round(s)") {
+					t.Fatalf("one sweep: %v; table:\n%s", err, table)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error; table:\n%s", table)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
 	}
 }
