@@ -42,6 +42,7 @@ type server struct {
 	UnexpBound  int     `json:"unexpected_bound"`
 	Messages    uint64  `json:"messages"`
 	Bytes       uint64  `json:"bytes"`
+	Truncated   uint64  `json:"truncated"` // of Messages, cut to RecvSize
 	Failed      uint64  `json:"failed"`
 	ActiveS     float64 `json:"active_s"`
 	GoodputMBps float64 `json:"goodput_mbps"`
@@ -423,6 +424,13 @@ func point(dir string, n, round int) (Point, map[string]any, error) {
 		for _, h := range c.LatHist {
 			hist[h[0]] += h[1]
 		}
+	}
+	// A message longer than the server's receives is cut to them and still
+	// counted (its delivered bytes as goodput): a sweep of messages above
+	// the server's -max-size measures another experiment than it says.
+	if size, _ := cfg["message_size"].(int); s.Truncated > 0 || (s.RecvSize > 0 && size > s.RecvSize) {
+		p.Errors = append(p.Errors, fmt.Sprintf("server truncated %d of %d messages to its %d-byte receives (the messages are %d bytes: its -max-size is below the clients' -size)",
+			s.Truncated, s.Messages, s.RecvSize, size))
 	}
 	if endpoints != n {
 		p.Errors = append(p.Errors, fmt.Sprintf("%d client endpoints reported, want %d", endpoints, n))

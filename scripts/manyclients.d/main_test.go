@@ -190,3 +190,28 @@ func TestConfigChecked(t *testing.T) {
 		})
 	}
 }
+
+// TestTruncatedMessagesReported: 128 KiB messages into the server's 64 KiB
+// receives are cut to 64 KiB and counted as delivered; the point says so.
+func TestTruncatedMessagesReported(t *testing.T) {
+	raw := t.TempDir()
+	srv, cl := reports(1, 131072)
+	srv["truncated"], srv["bytes"] = 1000, 1000*65536
+	writePoint(t, raw, 1, 1, srv, cl)
+	out := t.TempDir()
+	if err := run(raw, out, ""); err != nil && !strings.Contains(err.Error(), "gnuplot not found") {
+		t.Fatal(err)
+	}
+	var res Results
+	if b, err := os.ReadFile(filepath.Join(out, "results.json")); err != nil || json.Unmarshal(b, &res) != nil {
+		t.Fatalf("results.json: %v", err)
+	}
+	const want = "server truncated 1000 of 1000 messages to its 65536-byte receives"
+	if len(res.Points) != 1 || !strings.Contains(strings.Join(res.Points[0].Errors, "\n"), want) {
+		t.Errorf("points %+v: no error %q", res.Points, want)
+	}
+	table, _ := os.ReadFile(filepath.Join(out, "table.txt"))
+	if !strings.Contains(string(table), want) {
+		t.Errorf("table does not say %q:\n%s", want, table)
+	}
+}
