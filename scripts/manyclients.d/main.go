@@ -213,11 +213,13 @@ type Summary struct {
 
 // Target is one acceptance check.
 type Target struct {
-	Name   string  `json:"name"`
-	Value  float64 `json:"value"`
-	Limit  float64 `json:"limit"`
-	Pass   bool    `json:"pass"`
-	Detail string  `json:"detail"`
+	Name  string  `json:"name"`
+	Value float64 `json:"value"`
+	Limit float64 `json:"limit"`
+	Pass  bool    `json:"pass"`
+	// NotApplicable: the sweep cannot tell (Pass is false, Detail says why).
+	NotApplicable bool   `json:"not_applicable,omitempty"`
+	Detail        string `json:"detail"`
 }
 
 // Results is results.json.
@@ -635,11 +637,19 @@ func medianPoint(ps []Point) Point {
 	return m
 }
 
-// targets checks the acceptance targets on the medians.
+// targets checks the acceptance targets on the medians. The medians only
+// stand for N clients when every point had them all: a count where sends
+// failed or never finished, the server lost a peer or a point has an error
+// (a client the server never heard from, truncated messages) fails the
+// completeness target, and every other target with it, since goodput,
+// retransmissions and memory measured over fewer clients or less data can
+// only look better. With one client count the goodput target has nothing
+// to compare with and is not applicable.
 func targets(sum []Summary) []Target {
 	best, bestN := 0.0, 0
 	worstPct, worstN := 0.0, 0
 	unexpOver := 0
+	var incomplete, incompleteN []string
 	for _, s := range sum {
 		if s.GoodputMBps > best {
 			best, bestN = s.GoodputMBps, s.N
@@ -650,6 +660,16 @@ func targets(sum []Summary) []Target {
 		if s.UnexpBound > 0 && s.UnexpMax > s.UnexpBound {
 			unexpOver++
 		}
+		if why := incompleteWhy(s); why != "" {
+			incomplete = append(incomplete, fmt.Sprintf("N=%d: %s", s.N, why))
+			incompleteN = append(incompleteN, fmt.Sprintf("N=%d", s.N))
+		}
+	}
+	complete := len(incomplete) == 0
+	// notMet is what a target's detail adds when the sweep is incomplete.
+	notMet := ""
+	if !complete {
+		notMet = fmt.Sprintf("; FAILS: incomplete client counts (%s; see the first target)", strings.Join(incompleteN, ", "))
 	}
 	first, last := sum[0], sum[len(sum)-1]
 	ratio := 0.0
@@ -662,16 +682,56 @@ func targets(sum []Summary) []Target {
 	}
 	growth := float64(last.ServerRSSKiB-first.ServerRSSKiB) / 1024
 	bound := float64(last.UnexpBound) / (1 << 20)
-	return []Target{
-		{Name: fmt.Sprintf("goodput at N=%d >= 0.95 x best", last.N), Value: ratio, Limit: 0.95, Pass: ratio >= 0.95,
-			Detail: fmt.Sprintf("%.2f: %.0f MB/s at N=%d; best %.0f MB/s at N=%d (medians over rounds)%s", ratio, last.GoodputMBps, last.N, best, bestN, spread)},
-		{Name: "retransmitted bytes <= 1 % of goodput at every N", Value: worstPct, Limit: 1, Pass: worstPct <= 1,
-			Detail: fmt.Sprintf("worst %.2f %% at N=%d", worstPct, worstN)},
-		{Name: "server memory bounded", Value: growth, Limit: bound, Pass: unexpOver == 0 && growth <= bound,
-			Detail: fmt.Sprintf("unexpected bytes above the %.0f MiB bound at %d of %d client counts; peak RSS %.1f MiB at N=%d, %.1f MiB at N=%d (growth %.1f MiB, limit: the unexpected bound); Go heap peak %.1f MiB at N=%d",
-				bound, unexpOver, len(sum), float64(first.ServerRSSKiB)/1024, first.N, float64(last.ServerRSSKiB)/1024, last.N, growth,
-				float64(last.ServerHeapKiB)/1024, last.N)},
+	completeness := Target{Name: "every client sent and was heard at every N", Value: float64(len(incomplete)), Limit: 0, Pass: complete,
+		Detail: fmt.Sprintf("all %d client count(s) complete: no failed or unfinished sends, lost peers or point errors", len(sum))}
+	if !complete {
+		completeness.Detail = fmt.Sprintf("%d of %d client count(s) incomplete: %s", len(incomplete), len(sum), strings.Join(incomplete, "; "))
 	}
+	goodput := Target{Name: fmt.Sprintf("goodput at N=%d >= 0.95 x best", last.N), Value: ratio, Limit: 0.95, Pass: complete && ratio >= 0.95,
+		Detail: fmt.Sprintf("%.2f: %.0f MB/s at N=%d; best %.0f MB/s at N=%d (medians over rounds)%s%s", ratio, last.GoodputMBps, last.N, best, bestN, spread, notMet)}
+	if len(sum) == 1 {
+		goodput = Target{Name: goodput.Name, Limit: 0.95, NotApplicable: true,
+			Detail: fmt.Sprintf("not applicable: N=%d is the only client count, so it is its own best (%.0f MB/s); sweep several counts (--counts) to compare", last.N, last.GoodputMBps)}
+	}
+	return []Target{
+		completeness,
+		goodput,
+		{Name: "retransmitted bytes <= 1 % of goodput at every N", Value: worstPct, Limit: 1, Pass: complete && worstPct <= 1,
+			Detail: fmt.Sprintf("worst %.2f %% at N=%d%s", worstPct, worstN, notMet)},
+		{Name: "server memory bounded", Value: growth, Limit: bound, Pass: complete && unexpOver == 0 && growth <= bound,
+			Detail: fmt.Sprintf("unexpected bytes above the %.0f MiB bound at %d of %d client counts; peak RSS %.1f MiB at N=%d, %.1f MiB at N=%d (growth %.1f MiB, limit: the unexpected bound); Go heap peak %.1f MiB at N=%d%s",
+				bound, unexpOver, len(sum), float64(first.ServerRSSKiB)/1024, first.N, float64(last.ServerRSSKiB)/1024, last.N, growth,
+				float64(last.ServerHeapKiB)/1024, last.N, notMet)},
+	}
+}
+
+// incompleteWhy says why a client count's medians do not stand for N
+// clients (failed or unfinished sends, peers the server declared dead,
+// the points' errors, each error once), or "" when nothing went wrong.
+// The counts are the worst round's (Summary keeps the largest).
+func incompleteWhy(s Summary) string {
+	var why []string
+	worst := ""
+	if s.Rounds > 1 {
+		worst = " in the worst round"
+	}
+	if s.Failed > 0 {
+		why = append(why, fmt.Sprintf("failed sends or receives: %d%s", s.Failed, worst))
+	}
+	if s.Unfinished > 0 {
+		why = append(why, fmt.Sprintf("unfinished sends: %d%s", s.Unfinished, worst))
+	}
+	if s.PeersDead > 0 {
+		why = append(why, fmt.Sprintf("peers dead at the server: %d%s", s.PeersDead, worst))
+	}
+	var seen []string
+	for _, e := range s.Errors {
+		if !slices.Contains(seen, e) {
+			seen = append(seen, e)
+			why = append(why, e)
+		}
+	}
+	return strings.Join(why, ", ")
 }
 
 // ratioInterval is the two-sided confidence interval (conf, e.g. 0.9) of
@@ -748,7 +808,10 @@ func table(w io.Writer, res *Results) {
 	fmt.Fprintln(w, "# slp/msg = times the server and client processes slept (voluntary context switches) per message delivered")
 	for _, t := range res.Targets {
 		verdict := "FAIL"
-		if t.Pass {
+		switch {
+		case t.NotApplicable:
+			verdict = "n/a"
+		case t.Pass:
 			verdict = "pass"
 		}
 		fmt.Fprintf(w, "target %-50s %s: %s\n", t.Name, verdict, t.Detail)

@@ -214,4 +214,66 @@ func TestTruncatedMessagesReported(t *testing.T) {
 	if !strings.Contains(string(table), want) {
 		t.Errorf("table does not say %q:\n%s", want, table)
 	}
+	for _, tg := range res.Targets {
+		if tg.Pass {
+			t.Errorf("every message truncated, yet %s passes: %s", tg.Name, tg.Detail)
+		}
+	}
+}
+
+// TestTargetsNeedCompletePoints: at N=128, 28 clients never reached the
+// server, 40 sends failed and 12 never finished: no target passes, and
+// the completeness target says why. The same sweep without them passes.
+func TestTargetsNeedCompletePoints(t *testing.T) {
+	sum := func(broken bool) []Summary {
+		s := []Summary{
+			{Point: Point{N: 32, GoodputMBps: 400}, Rounds: 1, Goodputs: []float64{400}},
+			{Point: Point{N: 128, GoodputMBps: 395}, Rounds: 1, Goodputs: []float64{395}},
+		}
+		if broken {
+			s[1].Failed, s[1].Unfinished = 40, 12
+			s[1].Errors = []string{"server heard from 100 sources, want 128"}
+		}
+		return s
+	}
+	for _, tg := range targets(sum(false)) {
+		if !tg.Pass || tg.NotApplicable {
+			t.Errorf("complete sweep: %s: pass %v, n/a %v: %s", tg.Name, tg.Pass, tg.NotApplicable, tg.Detail)
+		}
+	}
+	tgs := targets(sum(true))
+	for _, tg := range tgs {
+		if tg.Pass {
+			t.Errorf("28 of 128 clients silent, 40 failed and 12 unfinished sends: %s passes: %s", tg.Name, tg.Detail)
+		}
+		if !strings.Contains(tg.Detail, "N=128") {
+			t.Errorf("%s does not name N=128: %s", tg.Name, tg.Detail)
+		}
+	}
+	for _, want := range []string{"failed sends or receives: 40", "unfinished sends: 12", "server heard from 100 sources, want 128"} {
+		if !strings.Contains(tgs[0].Detail, want) {
+			t.Errorf("completeness target does not say %q: %s", want, tgs[0].Detail)
+		}
+	}
+}
+
+// TestGoodputTargetOneCount: with one client count the goodput target is
+// not applicable, not a pass at 1.00, and the table says "n/a".
+func TestGoodputTargetOneCount(t *testing.T) {
+	sum := []Summary{{Point: Point{N: 128, GoodputMBps: 395}, Rounds: 1, Goodputs: []float64{395}}}
+	var goodput *Target
+	tgs := targets(sum)
+	for i := range tgs {
+		if strings.HasPrefix(tgs[i].Name, "goodput") {
+			goodput = &tgs[i]
+		}
+	}
+	if goodput == nil || goodput.Pass || !goodput.NotApplicable || !strings.Contains(goodput.Detail, "not applicable") {
+		t.Fatalf("one count: goodput target %+v, want not applicable", goodput)
+	}
+	var b strings.Builder
+	table(&b, &Results{Config: map[string]any{}, Machine: map[string]any{}, Summary: sum, Targets: tgs})
+	if !strings.Contains(b.String(), "n/a: not applicable") {
+		t.Errorf("table does not say n/a:\n%s", b.String())
+	}
 }
