@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -275,5 +276,54 @@ func TestGoodputTargetOneCount(t *testing.T) {
 	table(&b, &Results{Config: map[string]any{}, Machine: map[string]any{}, Summary: sum, Targets: tgs})
 	if !strings.Contains(b.String(), "n/a: not applicable") {
 		t.Errorf("table does not say n/a:\n%s", b.String())
+	}
+}
+
+// TestHeadersPct: 64 KiB pulled at MTU 1500 take 45 frames of 1468 bytes
+// of data, each with 46 bytes of headers (Ethernet, common, pull reply),
+// and a 60-byte rendezvous record: 2130 of 67666 received bytes, 3.15 %
+// (the 96.85 % ceiling of wire%); eagerly, 45 frames of 1460 bytes with 54
+// each.
+func TestHeadersPct(t *testing.T) {
+	for _, c := range []struct {
+		size, mtu int
+		rndv      bool
+		want      float64
+	}{
+		{65536, 1500, true, 100 * 2130.0 / 67666},
+		{65536, 1500, false, 100 * 2430.0 / 67966},
+		{65536, 9000, true, 100 * (8*46.0 + 60) / (65536 + 8*46 + 60)},
+		{4096, 1500, false, 100 * 3 * 54.0 / (4096 + 3*54)},
+	} {
+		got, ok := headersPct(c.size, c.mtu, c.rndv)
+		if !ok || math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("headersPct(%d, %d, %v) = %v, %v; want %v", c.size, c.mtu, c.rndv, got, ok, c.want)
+		}
+	}
+	if _, ok := headersPct(65536, 0, true); ok {
+		t.Error("no MTU: ok")
+	}
+}
+
+// TestPlotLabels: the third panel's series are labelled with what they are
+// a share of, and the headers' floor is computed from the run's size and
+// MTU (left out when the reports lack the MTU).
+func TestPlotLabels(t *testing.T) {
+	res := &Results{Date: "2026-11-21T00:00:00Z", Machine: map[string]any{"summary": "test"},
+		Config:  map[string]any{"message_size": 65536, "window": 2, "server_recvs_posted": 64, "rendezvous": true, "mtu": 1500},
+		Summary: []Summary{{Point: Point{N: 1}, Rounds: 1}, {Point: Point{N: 2}, Rounds: 1}}}
+	script := plotScript(res, "s.dat", "p.dat", "plot.png")
+	for _, want := range []string{"set ylabel 'percent'", "data sent more than once (% of goodput)",
+		"(1 - wire efficiency, % of received bytes; headers alone: 3.15)"} {
+		if !strings.Contains(script, want) {
+			t.Errorf("plot script lacks %q:\n%s", want, script)
+		}
+	}
+	if strings.Contains(script, "percent of goodput") {
+		t.Errorf("plot script calls 1 - wire efficiency a percent of goodput:\n%s", script)
+	}
+	delete(res.Config, "mtu")
+	if script := plotScript(res, "s.dat", "p.dat", "plot.png"); strings.Contains(script, "headers alone") {
+		t.Errorf("no MTU, yet a headers' share:\n%s", script)
 	}
 }
