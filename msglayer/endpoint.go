@@ -49,16 +49,21 @@ type Config struct {
 
 	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
 	UnexpectedBytes     int // bound on unexpected eager data held (default 8 MiB)
-	MaxUnexpectedRndv   int // bound on unexpected rendezvous records (default 65536)
-	Window              int // reliable frames in flight per peer, a power of two (default 256)
-	AckDelay            time.Duration
-	AckEvery            int
-	InitialRTO          time.Duration
-	MinRTO, MaxRTO      time.Duration // bounds of the adaptive timeout (default 2 ms; 250 ms or MinRTO if above)
-	GiveUp              time.Duration // a peer silent this long is unreachable (default 5 s)
-	KeepaliveInterval   time.Duration
-	ConnectRetry        time.Duration
-	PullBlocks          int // pull blocks (32 frames each) in flight per rendezvous (default 16)
+	// MaxUnexpectedRndv bounds the unexpected rendezvous records held
+	// (default 65536). At the bound a peer's next record is dropped and
+	// resent until there is room, and the frames behind it from that peer
+	// (the notifies that complete our sends to it included) wait with it.
+	// Endpoints of this process are not held back by it.
+	MaxUnexpectedRndv int
+	Window            int // reliable frames in flight per peer, a power of two (default 256)
+	AckDelay          time.Duration
+	AckEvery          int
+	InitialRTO        time.Duration
+	MinRTO, MaxRTO    time.Duration // bounds of the adaptive timeout (default 2 ms; 250 ms or MinRTO if above)
+	GiveUp            time.Duration // a peer silent this long is unreachable (default 5 s)
+	KeepaliveInterval time.Duration
+	ConnectRetry      time.Duration
+	PullBlocks        int // pull blocks (32 frames each) in flight per rendezvous (default 16)
 
 	// UMEMBufferBytes sizes the buffer area of an AF_XDP link this
 	// endpoint opens: UMEM lent by AllocBuffer, from which large sends
@@ -76,8 +81,15 @@ type Config struct {
 
 	Clock Clock
 
-	// UnexpectedHandler, when set, is called for every message that
-	// matches no posted receive, before it is queued.
+	// UnexpectedHandler, when set, is called once for every message that
+	// matches no posted receive, before it is queued. It runs on the
+	// goroutine that drives the link, without the engine lock, while no
+	// other frame is received: it may make the calls that do not wait
+	// (Irecv, Isend, Test, Iprobe, Cancel, Forget, Disconnect), but not
+	// those that wait for frames (Wait, WaitAny, Probe, Connect, Resolve,
+	// a Group's Wait) nor Close, which waits for that goroutine. A message
+	// whose sender is disconnected (or resets) while the handler runs is
+	// dropped with the rest of the exchange.
 	UnexpectedHandler func(UnexpectedMessage) HandlerAction
 
 	// ContextIDBits (0..8) bits of the match info, starting at bit

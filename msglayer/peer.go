@@ -64,6 +64,12 @@ type peer struct {
 	inAcksDue  bool // in ep.acksDue
 	refused    bool // an eager message at refusedSeq was refused: wait for its rendezvous version
 	refusedSeq uint32
+	// refusedSeen: the unexpected handler saw the refused message (and
+	// let it queue): its rendezvous version is not shown again.
+	refusedSeen bool
+	// resets counts clear()s: a handler, which runs unlocked, that sees
+	// it change finds its peer's exchange forgotten (Disconnect, reset).
+	resets uint32
 	in         inMsg     // the eager message being reassembled
 	pulls      int       // active pulls from this peer
 	host       *hostLoad // what pulls wait for from the peer's host (engine.hosts)
@@ -210,7 +216,8 @@ func (p *peer) clear(code Code) {
 	}
 	p.ackQueued = false
 	p.oooCount, p.ackPending, p.ackDue, p.ackLazy = 0, 0, 0, false
-	p.refused = false
+	p.refused, p.refusedSeen = false, false
+	p.resets++
 	p.in = inMsg{}
 	p.srtt, p.rttvar, p.rto = 0, 0, int64(e.cfg.InitialRTO)
 	p.pullSRTT, p.pullVar = 0, 0

@@ -228,20 +228,25 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		if !s.full {
 			break
 		}
-		fh, err := decodeHeader(s.buf[:s.n])
+		// Handled or not, the frame leaves its slot, and before it is
+		// handled: a reset while the unexpected handler runs (unlocked)
+		// finds the slot empty and leaves the buffer, which the
+		// handler's Data points into, alone. One dropped (no room yet)
+		// comes again from the sender, which it was not acked to, and a
+		// copy left in the slot would be taken for frame
+		// expected+Window once the sequence numbers come round to it.
+		buf := s.buf[:s.n]
+		s.buf, s.full = nil, false
+		p.oooCount--
+		fh, err := decodeHeader(buf)
 		res := accepted
 		if err == nil {
-			res = e.process(p, s.buf[:s.n], &fh, now)
+			res = e.process(p, buf, &fh, now)
 		}
+		e.eng.freeBuf(buf[:cap(buf)])
 		if res == gone {
 			return
 		}
-		// Handled or not, the frame leaves its slot: one dropped (no
-		// room yet) comes again from the sender, which it was not acked
-		// to, and a copy left here would be taken for frame
-		// expected+Window once the sequence numbers come round to it.
-		p.releaseOOO(s)
-		p.oooCount--
 		if res == dropped {
 			break
 		}
@@ -336,29 +341,41 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 	case tRndv:
 		var rh rndvHdr
 		rh.decode(th)
-		if p.refused && h.seq == p.refusedSeq {
-			p.refused = false
+		// The rendezvous version of a refused eager message: the
+		// refusal ends once this record is taken (a late copy of the
+		// eager frame is refused until then).
+		converted := p.refused && h.seq == p.refusedSeq
+		taken := func() outcome {
+			if converted {
+				p.refused, p.refusedSeen = false, false
+			}
+			return accepted
 		}
 		sync := h.flags&flagSync != 0
 		if r := e.match.arrive(rh.match); r != nil {
 			e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
-			return accepted
-		}
-		act, ok := e.callHandler(p, rh.match, int(rh.msgLen), nil)
-		if !ok {
-			return gone
-		}
-		if act == Finished {
-			e.sendNotify(p, rh.rndvID, 0, Success, now)
-			return accepted
-		}
-		if r := e.match.arrive(rh.match); r != nil {
-			e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
-			return accepted
+			return taken()
 		}
 		if e.unexpRndv >= e.cfg.MaxUnexpectedRndv {
-			return dropped // the sender retransmits until there is room
+			// The sender retransmits until there is room; the handler
+			// sees the message then, once.
+			return dropped
 		}
+		if !converted || !p.refusedSeen {
+			act, ok := e.callHandler(p, rh.match, int(rh.msgLen), nil)
+			if !ok {
+				return gone
+			}
+			if act == Finished {
+				e.sendNotify(p, rh.rndvID, 0, Success, now)
+				return taken()
+			}
+			if r := e.match.arrive(rh.match); r != nil {
+				e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
+				return taken()
+			}
+		}
+		taken()
 		u := &unexp{src: p, match: rh.match, msgLen: rh.msgLen, rndv: true, rndvID: rh.rndvID, sync: sync}
 		e.unexpRndv++
 		e.addUnexp(u)
@@ -405,7 +422,9 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 		}
 		if e.unexpBytes+int(eh.msgLen) > e.cfg.UnexpectedBytes {
 			e.stats.EagerRefused++
-			p.refused, p.refusedSeq = true, h.seq
+			// The handler saw it and let it queue: its rendezvous
+			// version goes to the queue without showing it again.
+			p.refused, p.refusedSeq, p.refusedSeen = true, h.seq, e.cfg.UnexpectedHandler != nil
 			return refused
 		}
 		u := &unexp{src: p, match: eh.match, msgLen: eh.msgLen, data: make([]byte, eh.msgLen)}
@@ -463,11 +482,15 @@ func (e *Endpoint) callHandler(p *peer, match uint64, n int, data []byte) (Handl
 	// driver.
 	dispatching := g.dispatching
 	g.dispatching = false
+	resets := p.resets
 	g.mu.Unlock()
 	act := h(m)
 	g.mu.Lock()
 	g.dispatching = dispatching
-	if e.closed || e.peers[p.addr] != p {
+	if e.closed || p.resets != resets {
+		// The endpoint closed, or the exchange with the peer was
+		// forgotten (Disconnect, a reset) meanwhile: the message goes
+		// with it.
 		return act, false
 	}
 	return act, true
