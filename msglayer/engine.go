@@ -52,12 +52,17 @@ type engine struct {
 	// that tests may read it.
 	spinFirst atomic.Int64
 	spinAuto  bool
-	spinCfg   time.Duration // Config.SpinBeforeSleep as given
 	spinClock func() int64  // the polls' clock: nanotime (tests: their own)
 	yield     func()        // gives up the CPU to runnable threads: xdp.YieldCPU
 	resched   func()        // passes through Go's scheduler: runtime.Gosched
 	randN     func(int) int // the random draws of feedStarved: rand.IntN (tests: their own)
 	clock     Clock
+	spinCfg   time.Duration // Config.SpinBeforeSleep as given
+	// The fields below keep the offsets they had before spinCfg came:
+	// PingPongAFXDP/busy with them 8 bytes lower was 1.25×floor (median of
+	// 14 runs) against 1.21 (12 runs), better in 1 of 6 direct pairs.
+	// Within the noise, perhaps, but free.
+	_ [8]byte
 
 	// drive is the drive token: its holder drives the link.
 	drive driveToken

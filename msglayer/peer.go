@@ -60,23 +60,24 @@ type peer struct {
 	// ackLazy: the delayed ack covers rendezvous records only, which
 	// complete no send: it may wait lazyAckDelay, also while the driver
 	// sleeps, and ride in the bundle of another peer's ack (sendAck).
-	ackLazy    bool
-	inAcksDue  bool // in ep.acksDue
-	refused    bool // an eager message at refusedSeq was refused: wait for its rendezvous version
-	refusedSeq uint32
+	ackLazy   bool
+	inAcksDue bool // in ep.acksDue
+	refused   bool // an eager message at refusedSeq was refused: wait for its rendezvous version
 	// refusedSeen: the unexpected handler saw the refused message (and
 	// let it queue): its rendezvous version is not shown again.
 	refusedSeen bool
+	refusedSeq  uint32
+	in          inMsg     // the eager message being reassembled
+	pulls       int       // active pulls from this peer
+	host        *hostLoad // what pulls wait for from the peer's host (engine.hosts)
+	rndvs       int       // our rendezvous sends to this peer awaiting notify
+	kaSent      int64     // last keepalive
+	waiting     bool      // we wait on the peer for a notify or pull data
+	waitStart   int64     // since when
+
 	// resets counts clear()s: a handler, which runs unlocked, that sees
 	// it change finds its peer's exchange forgotten (Disconnect, reset).
 	resets uint32
-	in         inMsg     // the eager message being reassembled
-	pulls      int       // active pulls from this peer
-	host       *hostLoad // what pulls wait for from the peer's host (engine.hosts)
-	rndvs      int       // our rendezvous sends to this peer awaiting notify
-	kaSent     int64     // last keepalive
-	waiting    bool      // we wait on the peer for a notify or pull data
-	waitStart  int64     // since when
 }
 
 // txSlot holds one reliable frame until it is acknowledged.
