@@ -105,7 +105,7 @@ func TestDisconnectInHandler(t *testing.T) {
 	// flushed after the batch.
 	g.visiting, g.dispatching = true, true
 	g.dispatch(forgeEager(a, b, s+1, 66, uint32(len(want)), 0, want), 1) // held out of order
-	g.dispatch(forgeFrom(a, b, tNop, s, nil), 1)                        // fills the hole: the held frame goes to the handler
+	g.dispatch(forgeFrom(a, b, tNop, s, nil), 1)                         // fills the hole: the held frame goes to the handler
 	g.visiting, g.dispatching = false, false
 	ooo, queued := p.oooCount, b.match.probe(66, ^uint64(0)) != nil
 	g.flushAndUnlock()
