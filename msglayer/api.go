@@ -88,8 +88,12 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 func (e *Endpoint) sendConnect(r *request, now int64) {
 	g := e.eng
 	b := g.scratchBuf()
-	// Every copy says the same: the peer takes the first it gets.
+	// Every copy says the same: the peer takes the first it gets. The
+	// destination session says which self of the peer we knew of.
 	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session, seq: r.connSeq}
+	if p := e.peers[r.connAddr]; p != nil {
+		h.dstSession = p.remoteSession
+	}
 	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
 	e.sendFrame(b[:frameLen(tConnect, 0)])

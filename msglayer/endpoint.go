@@ -43,8 +43,11 @@ type Config struct {
 	// is seen without a kernel wake-up (which costs tens of microseconds
 	// on a VM whose other vCPU halted); an idle endpoint still burns no
 	// CPU beyond it. 0 (the default) adapts the poll to the waits, up to
-	// 50 µs: none while sleeps last over 200 µs; NoSpin sleeps at once. The first endpoint of a process on an interface decides for
-	// all.
+	// 50 µs: none while sleeps last over 200 µs; NoSpin sleeps at once.
+	//
+	// The endpoints of a process on one interface share its link and its
+	// progress: one whose EtherType, BusyPoll or SpinBeforeSleep differ
+	// from the first's is refused (ArgError).
 	SpinBeforeSleep time.Duration
 
 	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
@@ -71,7 +74,7 @@ type Config struct {
 	// link then asks for multi-buffer too). 0: none, AllocBuffer gives
 	// ordinary memory. UMEMGather overrides how the data leaves (see
 	// xdp.GatherMode). The first endpoint of a process on an interface
-	// decides for all.
+	// decides for all (later ones' values are not looked at).
 	UMEMBufferBytes int
 	UMEMGather      xdp.GatherMode
 

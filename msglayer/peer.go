@@ -161,6 +161,17 @@ func (p *peer) reset(code Code) {
 	p.clear(code)
 	p.nextSeq, p.acked = next, next
 	p.fresh = true
+	// A connect to the peer under way said our old next sequence number:
+	// it goes again at once, as a new connect saying the new one. (The
+	// copies of one connect all say the same, and the peer takes the
+	// first it gets.)
+	e := p.ep
+	for _, r := range e.connects {
+		if r.connAddr == p.addr {
+			r.connID, r.connSeq = e.newID(), next
+			e.sendConnect(r, e.eng.readClock())
+		}
+	}
 }
 
 // restartAt makes next our next sequence number to the peer, with

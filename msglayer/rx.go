@@ -116,13 +116,18 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 		code = BadKey
 	} else {
 		p := e.peerFor(src)
+		stale := p.connected && p.remoteSession == h.srcSession && h.dstSession != 0 && h.dstSession != e.session
 		if p.remoteSession != 0 && p.remoteSession != h.srcSession {
 			// The peer restarted: what we had with its old self is gone.
 			p.reset(BadSession)
 			p.lastConnID = 0
 		}
 		p.remoteSession = h.srcSession
-		if p.lastConnID == 0 || int32(connID-p.lastConnID) > 0 {
+		if stale {
+			// A connect the peer sent to an old self of ours, before it
+			// heard of this one (our connect, its reply): what it says
+			// is older than what we took since. It is answered only.
+		} else if p.lastConnID == 0 || int32(connID-p.lastConnID) > 0 {
 			// A new connect, not a late copy of an older one (whose
 			// sequence number may predate a reset).
 			p.lastConnID = connID
@@ -153,18 +158,14 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 		e.connects = append(e.connects[:i], e.connects[i+1:]...)
 		if code == Success {
 			p := e.peerFor(src)
-			switch {
-			case p.remoteSession != 0 && p.remoteSession != h.srcSession:
+			if p.remoteSession != 0 && p.remoteSession != h.srcSession {
 				// The peer restarted: what we had with its old self is
-				// gone. Its new self took the sequence number our
-				// connect said: go on from there.
+				// gone. Its new self knows of us only this connect (had
+				// it connected to us, we would know its session): it
+				// took the sequence number the connect said. A reset of
+				// ours since then made a new connect, with a new id.
 				p.clear(BadSession)
 				p.lastConnID = 0
-				p.restartAt(r.connSeq)
-			case far(p.nextSeq, r.connSeq):
-				// We forgot the peer (a reset) after the connect left:
-				// nothing is in flight, and the peer goes on from what
-				// the connect said.
 				p.restartAt(r.connSeq)
 			}
 			p.remoteSession = h.srcSession

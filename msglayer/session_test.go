@@ -404,3 +404,95 @@ func TestIbufferedForeignHandle(t *testing.T) {
 		t.Errorf("Ibuffered of another endpoint's handle: %v, want ErrStaleRequest", err)
 	}
 }
+
+// TestCrossConnectAfterRestart: a peer restarts, and both sides connect
+// to each other at once, the connects crossing on the wire. The side that
+// kept its record resets it when the new peer's connect comes, after its
+// own connect said its old sequence number; a reply to that connect used
+// to take it back there, while the new peer had taken the new one.
+func TestCrossConnectAfterRestart(t *testing.T) {
+	for _, delay := range []time.Duration{0, 100 * time.Microsecond} {
+		t.Run(delay.String(), func(t *testing.T) {
+			for range 10 {
+				a, b, la, lb := connectedPair(t, Config{}, Config{})
+				if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
+					t.Fatal(err)
+				}
+				b2 := restart(t, b, lb)
+				la.Hub().SetConfig(xdp.MemConfig{Delay: delay})
+				ra, err := a.IConnect(b2.Addr(), 0xb, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rb, err := b2.IConnect(a.Addr(), 0xa, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				if _, err := a.Wait(ctx, ra); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b2.Wait(ctx, rb); err != nil {
+					t.Fatal(err)
+				}
+				for i, dir := range [][2]*Endpoint{{a, b2}, {b2, a}} {
+					if err := sendAndWait(t, dir[0], dir[1], uint64(2+i), time.Second); err != nil {
+						t.Fatalf("%v to %v: %v\n%s\n%s", dir[0].Addr(), dir[1].Addr(), err,
+							dir[0].DebugPeer(dir[1].Addr()), dir[1].DebugPeer(dir[0].Addr()))
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestLateConnectAfterRestart: a connect sent while the peer was down
+// reaches the peer's new self after that one connected to us and offered
+// a message: it must neither abort the offer nor desynchronise either
+// direction.
+func TestLateConnectAfterRestart(t *testing.T) {
+	a, b, _, lb := connectedPair(t, Config{ConnectRetry: 200 * time.Millisecond}, Config{})
+	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	bAddr := b.Addr()
+	b.Close()
+	lb.Partition(true) // b's host is down: a's first connect is lost
+	ra, err := a.IConnect(bAddr, 0xb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := Open(Config{Link: lb, EndpointID: bAddr.EP, Key: 0xb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b2.Close() })
+	lb.Partition(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := b2.Connect(ctx, a.Addr(), 0xa); err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 1<<20) // a rendezvous a takes later
+	s, err := b2.Isend(a.Addr(), 42, [][]byte{big}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, ra); err != nil { // a's connect, sent again, reaches b2 now
+		t.Fatalf("a's connect: %v", err)
+	}
+	r, err := a.Irecv(42, ^uint64(0), [][]byte{make([]byte, 1<<20)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b2.Wait(ctx, s); err != nil {
+		t.Errorf("the new peer's send, offered after it connected: %v", err)
+	}
+	a.Cancel(r)
+	for i, dir := range [][2]*Endpoint{{a, b2}, {b2, a}} {
+		if err := sendAndWait(t, dir[0], dir[1], uint64(100+i), time.Second); err != nil {
+			t.Errorf("%v to %v afterwards: %v\n%s", dir[0].Addr(), dir[1].Addr(), err, dir[0].DebugPeer(dir[1].Addr()))
+		}
+	}
+}

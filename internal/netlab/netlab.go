@@ -128,6 +128,9 @@ func runScript(args ...string) ([]byte, error) {
 func runScriptLocked(lock *os.File, args ...string) ([]byte, error) {
 	p, err := script()
 	if err != nil {
+		if lock != nil {
+			lock.Close()
+		}
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
