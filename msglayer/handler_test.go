@@ -85,11 +85,7 @@ func TestDisconnectInHandler(t *testing.T) {
 	b = bb
 	lc := la.Hub().Attach()
 	t.Cleanup(func() { lc.Close() })
-	c, err := Open(Config{Link: lc, EndpointID: 3, Key: 0xc})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
+	c := openT(t, Config{Link: lc, EndpointID: 3, Key: 0xc})
 	other = c.Addr()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

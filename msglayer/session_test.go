@@ -38,11 +38,7 @@ func sendAndWait(t *testing.T, from, to *Endpoint, match uint64, d time.Duration
 func restart(t *testing.T, b *Endpoint, lb *xdp.MemLink) *Endpoint {
 	t.Helper()
 	b.Close()
-	b2, err := Open(Config{Link: lb, EndpointID: b.id, Key: b.cfg.Key})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b2.Close() })
+	b2 := openT(t, Config{Link: lb, EndpointID: b.id, Key: b.cfg.Key})
 	return b2
 }
 
@@ -171,16 +167,8 @@ func TestConnectFramesCounted(t *testing.T) {
 	la, lb := hub.Attach(), hub.Attach()
 	defer la.Close()
 	defer lb.Close()
-	a, err := Open(Config{Link: la, EndpointID: 1, Key: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(Config{Link: lb, EndpointID: 2, Key: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := openT(t, Config{Link: la, EndpointID: 1, Key: 1})
+	b := openT(t, Config{Link: lb, EndpointID: 2, Key: 2})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
@@ -203,11 +191,7 @@ func TestResolveEnds(t *testing.T) {
 	la, lg := hub.Attach(), hub.Attach()
 	defer la.Close()
 	defer lg.Close()
-	a, err := Open(Config{Link: la, EndpointID: 1, Hostname: "alpha"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	a := openT(t, Config{Link: la, EndpointID: 1, Hostname: "alpha"})
 
 	short, c1 := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer c1()
@@ -217,11 +201,7 @@ func TestResolveEnds(t *testing.T) {
 	go func() { _, err := a.Resolve(short, "gamma", 0); errs <- err }()
 	go func() { _, err := a.Resolve(long, "gamma", 0); errs <- err }()
 	time.Sleep(400 * time.Millisecond) // the short one has given up
-	gm, err := Open(Config{Link: lg, EndpointID: 0, Hostname: "gamma"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer gm.Close()
+	openT(t, Config{Link: lg, EndpointID: 0, Hostname: "gamma"})
 	if e1, e2 := <-errs, <-errs; !errors.Is(e1, ErrTimeout) || e2 != nil {
 		t.Errorf("resolves of one name: %v (want a timeout), %v (want the answer)", e1, e2)
 	}
@@ -247,17 +227,9 @@ func TestEveryHostnameAnswers(t *testing.T) {
 	defer la.Close()
 	defer lb.Close()
 	for i, name := range []string{"alpha", "alpha-2"} {
-		e, err := Open(Config{Link: la, EndpointID: uint8(1 + i), Hostname: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		openT(t, Config{Link: la, EndpointID: uint8(1 + i), Hostname: name})
 	}
-	b, err := Open(Config{Link: lb, EndpointID: 1, Hostname: "beta"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := openT(t, Config{Link: lb, EndpointID: 1, Hostname: "beta"})
 	for _, name := range []string{"alpha", "alpha-2"} {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		a, err := b.Resolve(ctx, name, 2)
@@ -280,11 +252,7 @@ func TestGroupAddressedFrames(t *testing.T) {
 	for i := range 4 {
 		l := hub.Attach()
 		defer l.Close()
-		e, err := Open(Config{Link: l, EndpointID: uint8(i % 2), Key: 7})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		e := openT(t, Config{Link: l, EndpointID: uint8(i % 2), Key: 7})
 		es = append(es, e)
 	}
 	var src [6]byte
@@ -318,16 +286,8 @@ func TestLocalDisconnect(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	l := hub.Attach()
 	defer l.Close()
-	a, err := Open(Config{Link: l, EndpointID: 1, Key: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open(Config{Link: l, EndpointID: 2, Key: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := openT(t, Config{Link: l, EndpointID: 1, Key: 1})
+	b := openT(t, Config{Link: l, EndpointID: 2, Key: 2})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
@@ -366,11 +326,7 @@ func TestConfigRefusals(t *testing.T) {
 			e.Close()
 		}
 	}
-	a, err := Open(Config{Link: l, EndpointID: 1, BusyPoll: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	openT(t, Config{Link: l, EndpointID: 1, BusyPoll: true})
 	for _, c := range []struct {
 		arg string
 		cfg Config
@@ -463,11 +419,7 @@ func TestLateConnectAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b2, err := Open(Config{Link: lb, EndpointID: bAddr.EP, Key: 0xb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b2.Close() })
+	b2 := openT(t, Config{Link: lb, EndpointID: bAddr.EP, Key: 0xb})
 	lb.Partition(false)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -495,4 +447,15 @@ func TestLateConnectAfterRestart(t *testing.T) {
 			t.Errorf("%v to %v afterwards: %v\n%s", dir[0].Addr(), dir[1].Addr(), err, dir[0].DebugPeer(dir[1].Addr()))
 		}
 	}
+}
+
+// openT opens an endpoint with cfg, closed when the test ends.
+func openT(t *testing.T, cfg Config) *Endpoint {
+	t.Helper()
+	e, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
 }
