@@ -1293,22 +1293,7 @@ func TestConnStressLateDisconnect(t *testing.T) {
 	hub.SetConfig(xdp.MemConfig{Delay: 30 * time.Millisecond})
 	b.Disconnect(a.Addr()) // its frame reaches a in 30 ms
 	hub.SetConfig(xdp.MemConfig{})
-	ra, err := a.IConnect(b.Addr(), 0xb, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb, err := b.IConnect(a.Addr(), 0xa, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if _, err := a.Wait(ctx, ra); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Wait(ctx, rb); err != nil {
-		t.Fatal(err)
-	}
+	connectBoth(t, a, b)
 	time.Sleep(50 * time.Millisecond) // the late disconnect arrives
 	for i, dir := range [][2]*Endpoint{{a, b}, {b, a}} {
 		if err := sendAndWait(t, dir[0], dir[1], uint64(10+i), time.Second); err != nil {

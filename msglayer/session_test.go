@@ -376,22 +376,7 @@ func TestCrossConnectAfterRestart(t *testing.T) {
 				}
 				b2 := restart(t, b, lb)
 				la.Hub().SetConfig(xdp.MemConfig{Delay: delay})
-				ra, err := a.IConnect(b2.Addr(), 0xb, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				rb, err := b2.IConnect(a.Addr(), 0xa, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				defer cancel()
-				if _, err := a.Wait(ctx, ra); err != nil {
-					t.Fatal(err)
-				}
-				if _, err := b2.Wait(ctx, rb); err != nil {
-					t.Fatal(err)
-				}
+				connectBoth(t, a, b2)
 				for i, dir := range [][2]*Endpoint{{a, b2}, {b2, a}} {
 					if err := sendAndWait(t, dir[0], dir[1], uint64(2+i), time.Second); err != nil {
 						t.Fatalf("%v to %v: %v\n%s\n%s", dir[0].Addr(), dir[1].Addr(), err,
@@ -458,4 +443,26 @@ func openT(t *testing.T, cfg Config) *Endpoint {
 	}
 	t.Cleanup(func() { e.Close() })
 	return e
+}
+
+// connectBoth connects a (key 0xa) and b (key 0xb) to each other at once,
+// the two connects crossing, and waits for both.
+func connectBoth(t *testing.T, a, b *Endpoint) {
+	t.Helper()
+	ra, err := a.IConnect(b.Addr(), 0xb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, err := b.IConnect(a.Addr(), 0xa, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := a.Wait(ctx, ra); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Wait(ctx, rb); err != nil {
+		t.Fatal(err)
+	}
 }
