@@ -12,7 +12,9 @@ import (
 
 // Connect connects to the endpoint at a, presenting key, and waits for the
 // answer: after it, Isend to a works. A wrong key fails with ErrBadKey, a
-// missing endpoint with ErrBadEndpoint, silence with ErrTimeout.
+// missing endpoint with ErrBadEndpoint, silence with ErrTimeout, and a
+// connect that the peer took but then disconnected us before its answer
+// arrived with ErrAborted.
 func (e *Endpoint) Connect(ctx context.Context, a Addr, key uint32) error {
 	r, err := e.IConnect(a, key, nil)
 	if err != nil {
@@ -50,9 +52,7 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 	} else {
 		r.connID = e.newID()
 		r.connDeadline = now + int64(e.cfg.GiveUp)
-		if p := e.peers[a]; p != nil {
-			r.connSeq = p.nextSeq // a new record starts at 0
-		}
+		e.peerFor(a) // the connect comes from its id
 		e.connects = append(e.connects, r)
 		e.sendConnect(r, now)
 	}
@@ -72,12 +72,10 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 	case t.cfg.Key != key:
 		e.complete(r, BadKey)
 	default:
-		p := e.peerFor(a)
+		p, tp := e.peerFor(a), t.peerFor(e.addr)
 		p.local, p.connected, p.dead, p.mtu = t, true, false, e.eng.mtu
-		p.remoteSession = t.session
-		tp := t.peerFor(e.addr)
 		tp.local, tp.connected, tp.dead, tp.mtu = e, true, false, e.eng.mtu
-		tp.remoteSession = e.session
+		p.remoteID, tp.remoteID = tp.localID, p.localID
 		e.complete(r, Success)
 	}
 }
@@ -88,12 +86,10 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 func (e *Endpoint) sendConnect(r *request, now int64) {
 	g := e.eng
 	b := g.scratchBuf()
-	// Every copy says the same: the peer takes the first it gets. The
-	// destination session says which self of the peer we knew of.
-	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: e.session, seq: r.connSeq}
-	if p := e.peers[r.connAddr]; p != nil {
-		h.dstSession = p.remoteSession
-	}
+	// The connect comes from our id (a reset sends it again from the new
+	// one), and names the peer's id we last knew.
+	p := e.peers[r.connAddr]
+	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: p.localID, dstSession: p.remoteID}
 	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
 	e.sendFrame(b[:frameLen(tConnect, 0)])
@@ -138,13 +134,11 @@ func (e *Endpoint) Disconnect(a Addr) {
 			// What a disconnect frame does to a remote peer.
 			if tp := t.peers[e.addr]; tp != nil && tp.local == e && tp.connected {
 				tp.reset(Aborted)
-				tp.connected = false
 			}
 		}
-		// The record stays: its sequence numbers go on from here, which
-		// tells the peer at the next connect that this side forgot.
+		// The record stays, with a new id: the peer learns at the next
+		// connect that this side forgot.
 		p.reset(Aborted)
-		p.connected = false
 	}
 	g.flushAndUnlock()
 }

@@ -304,14 +304,15 @@ func (r *csRun) failPair(kind string, a, b int, format string, args ...any) {
 }
 
 // sig classifies the channel a>b and b>a: "sync" (the receiver expects a
-// number the sender has in flight or next), "far" (half the space
-// apart: a reset one side missed), "near" (apart but within 2^30),
-// "nopeer".
+// number the sender has in flight or next), "pair" (the two records name
+// different connections), "near" (one connection, numbers apart),
+// "nopeer", "untimed" (waiting on the peer with no timer armed).
 func (r *csRun) sig(a, b int) string {
 	type st struct {
 		ok                    bool
 		next, acked, expected uint32
 		untimed               bool
+		localID, remoteID     uint32
 	}
 	get := func(x, y int) st {
 		ex, ey := r.eps[x].e, r.eps[y].e
@@ -324,7 +325,7 @@ func (r *csRun) sig(a, b int) string {
 		// Waiting for a notify (or pulling) with no timer to send
 		// keepalives: nothing will notice the peer went away.
 		untimed := (p.rndvs > 0 || p.pulls > 0) && !p.tm.armed()
-		return st{true, p.nextSeq, p.acked, p.expected, untimed}
+		return st{true, p.nextSeq, p.acked, p.expected, untimed, p.localID, p.remoteID}
 	}
 	pa, pb := get(a, b), get(b, a)
 	one := func(s, d st) string {
@@ -333,10 +334,10 @@ func (r *csRun) sig(a, b int) string {
 			return "untimed"
 		case !s.ok || !d.ok:
 			return "nopeer"
+		case s.localID != d.remoteID || s.remoteID != d.localID:
+			return "pair" // the records name different connections
 		case d.expected-s.acked <= s.next-s.acked:
 			return "sync"
-		case far(d.expected, s.acked):
-			return "far"
 		}
 		return "near"
 	}
@@ -401,7 +402,7 @@ func (r *csRun) teardown() {
 }
 
 var (
-	csConnCodes = map[Code]bool{Success: true, Timeout: true, BadEndpoint: true, Closed: true}
+	csConnCodes = map[Code]bool{Success: true, Timeout: true, BadEndpoint: true, Closed: true, Aborted: true}
 	csSendCodes = map[Code]bool{Success: true, Aborted: true, BadSession: true, Unreachable: true, Closed: true, BadEndpoint: true}
 	csRecvCodes = map[Code]bool{Success: true, Aborted: true, BadSession: true, Unreachable: true, Closed: true, BadEndpoint: true, Cancelled: true}
 )
@@ -585,8 +586,8 @@ func (r *csRun) peerState(a, b int) string {
 	if p == nil {
 		return "none"
 	}
-	return fmt.Sprintf("connected %v dead %v fresh %v remoteSession %#x next %d acked %d expected %d lastConnID %d",
-		p.connected, p.dead, p.fresh, p.remoteSession, p.nextSeq, p.acked, p.expected, p.lastConnID)
+	return fmt.Sprintf("connected %v dead %v ids %#x,%#x next %d acked %d expected %d lastConnID %d",
+		p.connected, p.dead, p.localID, p.remoteID, p.nextSeq, p.acked, p.expected, p.lastConnID)
 }
 
 // sendOutcome describes how the send of receive q ended.
@@ -741,7 +742,7 @@ func (r *csRun) step(o csOp) {
 		err := ea.Connect(ctx, eb.Addr(), r.eps[o.B].cfg.Key)
 		cancel()
 		switch {
-		case err == nil, errors.Is(err, ErrTimeout), errors.Is(err, ErrBadEndpoint):
+		case err == nil, errors.Is(err, ErrTimeout), errors.Is(err, ErrBadEndpoint), errors.Is(err, ErrAborted):
 		case errors.Is(err, context.DeadlineExceeded):
 			r.failf("hang", "Connect %d>%d pending for %v", o.A, o.B, r.bound())
 		default:

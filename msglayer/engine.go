@@ -975,7 +975,7 @@ func (g *engine) ackEntries(f []byte, h *header, entries []byte, now int64) {
 	var a ackEntry
 	for ; len(entries) > 0; entries = entries[ackEntryLen:] {
 		a.decode(entries)
-		one.dstEP, one.dstSession, one.ack = a.dstEP, a.dstSession, a.ack
+		one.dstEP, one.dstSession, one.srcSession, one.ack = a.dstEP, a.dstSession, a.srcSession, a.ack
 		g.ackTo(f, &one, now)
 	}
 }

@@ -213,7 +213,7 @@ func FuzzTypeHeaders(f *testing.F) {
 		clear(out)
 		a.put(out)
 		a2.decode(out[:ackEntryLen])
-		if a.dstEP != b[0] || a.dstSession != be.Uint32(b[1:]) || a.ack != be.Uint32(b[5:]) ||
+		if a.dstEP != b[0] || a.dstSession != be.Uint32(b[1:]) || a.srcSession != be.Uint32(b[5:]) || a.ack != be.Uint32(b[9:]) ||
 			!bytes.Equal(out[:ackEntryLen], b[:ackEntryLen]) || a2 != a {
 			t.Fatalf("ack entry round trip: %+v -> % x -> %+v", a, out[:ackEntryLen], a2)
 		}
@@ -507,8 +507,16 @@ func newFuzzPair(t testing.TB, cfgSel byte, record bool) *fuzzPair {
 		g.mu.Unlock()
 		return e
 	}
-	fp.a = open(fp.la, 1, fuzzKeyA, "fuzz-a", fuzzSessA, 0x1000)
-	fp.b = open(fp.lb, 2, fuzzKeyB, "fuzz-b", fuzzSessB, 0x2000)
+	// The runs that replay the recorded conversation number their
+	// connects (and rendezvous) after it, as an endpoint's connect ids
+	// start at random: a replayed connect is then an older one of the
+	// peer, not the very connect a run is about to send.
+	var ids uint32
+	if !record {
+		ids = 0x100000
+	}
+	fp.a = open(fp.la, 1, fuzzKeyA, "fuzz-a", fuzzSessA, ids+0x1000)
+	fp.b = open(fp.lb, 2, fuzzKeyB, "fuzz-b", fuzzSessB, ids+0x2000)
 	if !fp.connect() {
 		t.Fatalf("connect failed")
 	}
@@ -616,6 +624,7 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 	f = exact(f)
 	g := to.eng
 	from := fp.other(to)
+	fromID, _ := fp.ids(from)
 	g.mu.Lock()
 	// What dispatch must make of the frame.
 	h, err := decodeHeader(f)
@@ -643,7 +652,7 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 			for ; len(ents) > 0; ents = ents[ackEntryLen:] {
 				var a ackEntry
 				a.decode(ents)
-				one.dstEP, one.dstSession, one.ack = a.dstEP, a.dstSession, a.ack
+				one.dstEP, one.dstSession, one.srcSession, one.ack = a.dstEP, a.dstSession, a.srcSession, a.ack
 				hs = append(hs, one)
 			}
 		}
@@ -671,9 +680,17 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 				_, reason := getU32U8(th)
 				sessionNack = reason == nackBadSession || reason == nackBadEndpoint
 			}
+			if h.typ == tConnect {
+				// A connect from an older id of the peer than the one
+				// paired with pairs nothing and is answered by nobody.
+				th, _ := typeHdr(f, &h)
+				key, _, _ := getConnect(th)
+				p := to.peers[src]
+				stale = key == to.cfg.Key && p != nil && p.connected && older(h.srcSession, p.remoteID)
+			}
 			if h.typ != tConnect && h.typ != tConnectReply && !sessionNack {
 				p := to.peers[src]
-				stale = p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != to.session
+				stale = p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteID || h.dstSession != p.localID
 				if !stale && h.typ == tEager && h.seq == p.expected {
 					th, payload := typeHdr(f, &h)
 					var eh eagerHdr
@@ -690,7 +707,7 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 		// the real peer makes it reset.
 		switch {
 		case noEP || (stale && (h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive)):
-			if claimsToBe(f, &h, from) {
+			if claimsToBe(f, &h, from, fromID) {
 				fp.legit(fmt.Sprintf("forged %v frame answered with a nack", h.typ))
 			}
 		case !stale:
@@ -731,10 +748,23 @@ func b2u(b bool) uint64 {
 }
 
 // claimsToBe reports whether an answer to the source of f reaches e with
-// e's session: a nack to it would make it reset.
-func claimsToBe(f []byte, h *header, e *Endpoint) bool {
+// the id e's record of the other side has (id): a nack to it would make
+// it reset.
+func claimsToBe(f []byte, h *header, e *Endpoint, id uint32) bool {
 	toE := bytes.Equal(f[6:12], e.addr.MAC[:]) || f[6]&1 != 0
-	return toE && h.srcEP == e.id && h.srcSession == e.session
+	return toE && h.srcEP == e.id && h.srcSession == id
+}
+
+// ids returns the connection ids of e's record of the other endpoint of
+// the pair: its own and the other's (e's session and 0 without a record).
+func (fp *fuzzPair) ids(e *Endpoint) (local, remote uint32) {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if p := e.peers[fp.other(e).addr]; p != nil {
+		return p.localID, p.remoteID
+	}
+	return e.session, 0
 }
 
 // sortedKeys returns the keys of m in order.
@@ -772,7 +802,9 @@ func (fp *fuzzPair) forge(to, from *Endpoint, r *fuzzReader) []byte {
 	copy(th, r.take(thl))
 	payload := bytes.Clone(r.take(min(npay, to.eng.maxFrame()-hdrLen-thl)))
 
-	h := header{typ: typ, dstEP: to.id, srcEP: from.id, dstSession: to.session, srcSession: from.session}
+	dstID, _ := fp.ids(to)
+	srcID, _ := fp.ids(from)
+	h := header{typ: typ, dstEP: to.id, srcEP: from.id, dstSession: dstID, srcSession: srcID}
 	if c&0x10 != 0 {
 		h.flags |= flagSync | flagRegion
 	}
@@ -1204,7 +1236,7 @@ func endpointInvariants(e *Endpoint) string {
 type peerState struct {
 	ok                       bool
 	connected, dead, isLocal bool
-	remoteSession            uint32
+	localID, remoteID        uint32
 	nextSeq, acked, expected uint32
 	ooo                      int
 	sendQ                    bool
@@ -1218,7 +1250,7 @@ func (fp *fuzzPair) peerState(e *Endpoint) peerState {
 	if p == nil {
 		return peerState{}
 	}
-	return peerState{true, p.connected, p.dead, p.local != nil, p.remoteSession,
+	return peerState{true, p.connected, p.dead, p.local != nil, p.localID, p.remoteID,
 		p.nextSeq, p.acked, p.expected, p.oooCount, p.sendHead != nil}
 }
 
@@ -1229,7 +1261,7 @@ func (fp *fuzzPair) consistent() (bool, string) {
 	sa, sb := fp.peerState(fp.a), fp.peerState(fp.b)
 	desc := fmt.Sprintf("A's peer %+v, B's peer %+v", sa, sb)
 	ok := sa.ok && sb.ok && sa.connected && sb.connected && !sa.dead && !sb.dead && !sa.isLocal && !sb.isLocal &&
-		sa.remoteSession == fp.b.session && sb.remoteSession == fp.a.session &&
+		sa.remoteID == sb.localID && sb.remoteID == sa.localID &&
 		sa.nextSeq == sb.expected && sb.nextSeq == sa.expected &&
 		sa.acked == sa.nextSeq && sb.acked == sb.nextSeq &&
 		sa.ooo == 0 && sb.ooo == 0 && !sa.sendQ && !sb.sendQ

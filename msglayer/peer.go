@@ -9,21 +9,20 @@ import (
 // channel in both directions. Owned by the endpoint, guarded by the engine
 // lock.
 type peer struct {
-	ep            *Endpoint
-	addr          Addr
-	remoteSession uint32
-	// lastConnID is the newest connect the peer sent us (0: none since
-	// its session began); a copy of an older one changes nothing.
+	ep   *Endpoint
+	addr Addr
+	// localID and remoteID name the connection (see nextGen): ours, and
+	// the peer's as we last learned it (0: never).
+	localID  uint32
+	remoteID uint32
+	// lastConnID is the newest connect of the peer's self that we took
+	// (0: none); a late copy of an older one does not pair us again.
 	lastConnID uint32
-	// fresh: nothing is known of the peer's sequence numbers (a new
-	// record, or after a reset): the next connect or connect reply tells
-	// them (syncFrom).
-	fresh     bool
-	connected bool      // a connect succeeded (or the peer connected to us)
-	dead      bool      // retransmissions gave up: sends fail until a new connect
-	local     *Endpoint // same-process endpoint: messages skip the NIC
-	mtu       int       // frames to the peer: the smaller of both MTUs
-	tm        timer     // in ep.timers while it has frames in flight or an ack due
+	connected  bool      // paired with remoteID: a connect or its reply named it
+	dead       bool      // retransmissions gave up: sends fail until a new connect
+	local      *Endpoint // same-process endpoint: messages skip the NIC
+	mtu        int       // frames to the peer: the smaller of both MTUs
+	tm         timer     // in ep.timers while it has frames in flight or an ack due
 
 	// Send side: frames nextSeq-acked in flight, in the window.
 	nextSeq  uint32
@@ -122,7 +121,7 @@ type inMsg struct {
 //
 // +checklocks:e.eng.mu
 func newPeer(e *Endpoint, a Addr) *peer {
-	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC), fresh: true}
+	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC), localID: e.session}
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
 	for i := range p.win {
@@ -131,88 +130,83 @@ func newPeer(e *Endpoint, a Addr) *peer {
 	return p
 }
 
-// Sequence numbers across resets. A side that forgets what it exchanged
-// with a peer (it gave up on it, disconnected, was told its session is
-// unknown, or the peer restarted) does not start its sequence numbers
-// again: it moves them half the space on (reset) and learns the peer's
-// anew. Connects and their replies carry the sender's next sequence
-// number (the common header's seq field), so the other side sees the jump
-// at the next connect and drops what it had too (resync), where it would
-// otherwise take the new frames for copies of old ones and acknowledge
-// them unseen; frames of the old exchange still on their way fall half
-// the space away from the new ones, and are dropped as duplicates.
-const seqJump = 1 << 31
+// Connection ids. Each side of a connection names it by an id of its own
+// (localID), which the other side learns from its connect or connect
+// reply (remoteID); every frame carries both, the receiver's as the
+// destination session and the sender's as the source session, and a frame
+// that does not name the pair exactly as the receiver knows it is stale.
+// A side that forgets the exchange (it gave up on the peer, disconnected,
+// or was told the peer does not know it) takes a new id, so that nothing
+// of the old exchange, a late frame, ack, nack or disconnect, can touch a
+// newer one; a side that learns the peer took a new id (a connect or reply
+// names it) drops what it had with the old one. Each pair starts its
+// sequence numbers at 0 both ways: connects carry none.
+//
+// An id is the endpoint's self (its session's high bits, random at Open)
+// and a generation (its low idGenBits), which a record moves on at each
+// reset: of two ids of one self, the older generation is the stale one.
+const (
+	idGenBits = 8
+	idGenMask = 1<<idGenBits - 1
+)
 
-// far reports whether sequence numbers a and b are too far apart to be of
-// one exchange (which keeps them within a window of each other).
-func far(a, b uint32) bool {
-	d := int32(a - b)
-	return d >= 1<<30 || d <= -1<<30
+// nextGen is id's next generation, never 0 (0 means "unknown").
+func nextGen(id uint32) uint32 {
+	n := id&^idGenMask | (id+1)&idGenMask
+	if n == 0 {
+		n = 1
+	}
+	return n
 }
 
-// reset forgets the sequence state: the peer restarted, or this side gave
-// up on it or disconnected. Pending operations with the peer complete with
-// code; the next frames go out half the sequence space on, and the peer's
-// sequence numbers are learned at the next connect.
+// sameSelf reports whether ids a and b belong to one self of an endpoint
+// (one Open): a restarted endpoint has a new self.
+func sameSelf(a, b uint32) bool { return a>>idGenBits == b>>idGenBits }
+
+// older reports whether id a is an earlier generation of b's self (b 0:
+// no id known, nothing is older).
+func older(a, b uint32) bool { return b != 0 && sameSelf(a, b) && int8(uint8(a)-uint8(b)) < 0 }
+
+// reset forgets the exchange with the peer: it gave up on it, this side
+// disconnected, or the peer said it does not know our id. Pending
+// operations with the peer complete with code; the record takes a new id
+// and keeps the peer's (to tell its later ids from earlier ones). A
+// connect to the peer under way goes again at once, from the new id.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) reset(code Code) {
-	next := p.nextSeq + seqJump
 	p.clear(code)
-	p.nextSeq, p.acked = next, next
-	p.fresh = true
-	// A connect to the peer under way said our old next sequence number:
-	// it goes again at once, as a new connect saying the new one. (The
-	// copies of one connect all say the same, and the peer takes the
-	// first it gets.)
+	p.connected = false
+	p.localID = nextGen(p.localID)
 	e := p.ep
 	for _, r := range e.connects {
 		if r.connAddr == p.addr {
-			r.connID, r.connSeq = e.newID(), next
+			r.connID = e.newID()
 			e.sendConnect(r, e.eng.readClock())
 		}
 	}
 }
 
-// restartAt makes next our next sequence number to the peer, with
-// nothing in flight: the caller emptied the window (clear, reset), and a
-// connect told the peer next. The peer's numbers are learned anew.
+// pair makes x the peer's id we exchange with: a connect of the peer, or
+// its reply to ours, named it. What we had with another id of the peer is
+// gone (it restarted, or forgot us): its operations complete with
+// BadSession.
 //
 // +checklocks:p.ep.eng.mu
-func (p *peer) restartAt(next uint32) {
-	p.nextSeq, p.acked = next, next
-	p.fresh = true
-}
-
-// syncFrom takes the next sequence number next from a connect or connect
-// reply of the peer: learned if nothing is known, else the sign that the
-// peer forgot the exchange (resync) if it is too far from what we expect.
-//
-// +checklocks:p.ep.eng.mu
-func (p *peer) syncFrom(next uint32) {
-	switch {
-	case p.fresh:
-		p.expected, p.fresh = next, false
-	case far(next, p.expected):
-		p.resync(next)
+func (p *peer) pair(x uint32) {
+	if p.connected && p.remoteID != x {
+		p.clear(BadSession)
 	}
-}
-
-// resync forgets the exchange with a peer that forgot it (its sequence
-// numbers jumped): what was in flight either way is lost, pending
-// operations complete with Aborted, and our sequence numbers go on where
-// they were, which the peer learns from our connect or reply.
-//
-// +checklocks:p.ep.eng.mu
-func (p *peer) resync(peerNext uint32) {
-	next := p.nextSeq
-	p.clear(Aborted)
-	p.nextSeq, p.acked, p.expected = next, next, peerNext
+	if !sameSelf(x, p.remoteID) {
+		p.lastConnID = 0 // a new self numbers its connects anew
+	}
+	p.remoteID = x
+	p.connected, p.dead, p.local = true, false, nil
 }
 
 // clear completes every pending operation with the peer with code and
 // empties the window, the frames held out of order and the round-trip
-// estimates; the caller sets the sequence numbers.
+// estimates; sequence numbers start again at 0 both ways.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) clear(code Code) {
@@ -226,6 +220,7 @@ func (p *peer) clear(code Code) {
 	for i := range p.ooo {
 		p.releaseOOO(&p.ooo[i])
 	}
+	p.nextSeq, p.acked, p.expected = 0, 0, 0
 	p.ackQueued = false
 	p.oooCount, p.ackPending, p.ackDue, p.ackLazy = 0, 0, 0, false
 	p.refused, p.refusedSeen = false, false
@@ -414,7 +409,7 @@ func (p *peer) header(t frameType) (h header) {
 // failed store-to-load forwarding on the frame path.
 func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint16, payload int) {
 	h.typ, h.dstEP, h.srcEP = t, p.addr.EP, p.ep.id
-	h.dstSession, h.srcSession = p.remoteSession, p.ep.session
+	h.dstSession, h.srcSession = p.remoteID, p.localID
 	h.seq, h.ack, h.flags, h.payloadLen = seq, p.expected, flags, payload
 }
 
@@ -458,10 +453,17 @@ func (p *peer) sendReliable(s *txSlot, t frameType, flags uint16, payload int, r
 // +checklocks:s.peer.ep.eng.mu
 func (s *txSlot) stamped(now int64) {
 	s.stamp = false
-	if !s.used {
-		return // acknowledged (or the peer reset) on its way out
-	}
 	p := s.peer
+	if !s.used {
+		// Acknowledged (or the peer reset) on its way out. A rendezvous
+		// record so acknowledged still waits for its notify: the timers
+		// must watch the peer (keepalives, give-up), as they would had
+		// the record been timed.
+		if p.rndvs > 0 || p.pulls > 0 {
+			p.ep.arm(&p.tm, now+int64(p.ep.cfg.KeepaliveInterval))
+		}
+		return
+	}
 	s.sentAt, s.firstSent = now, now
 	p.ep.arm(&p.tm, now+p.rto)
 }
@@ -586,7 +588,7 @@ func (p *peer) bundleAcks(b []byte, room int, prune bool) int {
 	n, kept := 0, 0
 	for _, q := range e.acksDue {
 		if n < room && p.rides(q) {
-			a := ackEntry{dstEP: q.addr.EP, dstSession: q.remoteSession, ack: q.expected}
+			a := ackEntry{dstEP: q.addr.EP, dstSession: q.remoteID, srcSession: q.localID, ack: q.expected}
 			a.put(b[n*ackEntryLen:])
 			q.ackSent()
 			e.stats.AcksOut++
@@ -908,5 +910,4 @@ func (p *peer) die(now int64) {
 	p.ep.stats.PeersDead++
 	p.reset(Unreachable)
 	p.dead = true
-	p.connected = false
 }

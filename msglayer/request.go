@@ -94,7 +94,6 @@ type requestState struct {
 	connAddr     Addr
 	connKey      uint32
 	connID       uint32
-	connSeq      uint32 // our next sequence number to the peer, as every copy of the connect says
 	connDeadline int64
 	connNext     int64
 }

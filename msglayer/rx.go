@@ -24,10 +24,10 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 		}
 	}
 	p := e.peerFrom(f, h)
-	if p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteSession || h.dstSession != e.session {
+	if p == nil || !p.connected || p.local != nil || h.srcSession != p.remoteID || h.dstSession != p.localID {
 		e.stats.StaleFrames++
-		if h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive {
-			e.nackSession(srcAddr(f, h), h)
+		if (h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive) && !e.awaitsReply(p, h) {
+			e.nackSession(srcAddr(f, h), h, p)
 		}
 		return
 	}
@@ -60,28 +60,50 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 	case tKeepalive:
 		p.sendAck()
 	case tDisconnect:
-		// The record stays: its sequence numbers go on from here.
 		p.reset(Aborted)
-		p.connected = false
 	}
 }
 
-// nackSession tells a sender that we do not know its session (we
-// restarted, or it never connected).
+// awaitsReply reports whether a frame of the peer p that names our id but
+// not the pair as we know it comes from a peer that took a connect of
+// ours whose reply has not arrived yet: it is dropped without a nack, and
+// comes again once we know.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) nackSession(src Addr, h *header) {
+func (e *Endpoint) awaitsReply(p *peer, h *header) bool {
+	if p == nil || p.local != nil || h.dstSession != p.localID {
+		return false
+	}
+	for _, r := range e.connects {
+		if r.connAddr == p.addr {
+			return true
+		}
+	}
+	return false
+}
+
+// nackSession tells a sender that we do not know the connection its frame
+// names: we restarted or forgot it, or it never connected. p is our record
+// of the sender, if any.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) nackSession(src Addr, h *header, p *peer) {
 	g := e.eng
 	b := g.scratchBuf()
-	out := header{typ: tNack, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session}
+	id := e.session
+	if p != nil {
+		id = p.localID
+	}
+	out := header{typ: tNack, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: id}
 	th := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putNack(th, h.seq, nackBadSession, h.dstSession)
 	e.sendFrame(b[:frameLen(tNack, 0)])
 }
 
-// onSessionNack handles a nack saying the peer does not know our session
-// or has no such endpoint: it forgot us (restarted) and we must reconnect.
-// It reports whether the frame was such a nack.
+// onSessionNack handles a nack saying the peer does not know our
+// connection or has no such endpoint: it forgot us (restarted, gave up,
+// disconnected) and we must reconnect. It reports whether the frame was
+// such a nack.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
@@ -90,10 +112,10 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 		return false
 	}
 	p := e.peers[src]
-	// refused is the session the refused frame was for: a frame sent to
-	// an old self of the peer, still on its way when the peer came back
-	// and connected, says nothing of the new connection.
-	if p == nil || h.dstSession != e.session || !p.connected || refused != p.remoteSession {
+	// The nack must name the pair as we know it: the refused frame came
+	// from our id and was for the peer's. One about a frame of an older
+	// connection, still on its way when a new one began, is not ours.
+	if p == nil || !p.connected || h.dstSession != p.localID || refused != p.remoteID {
 		return true
 	}
 	code := BadSession
@@ -101,52 +123,60 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 		code = BadEndpoint
 	}
 	p.reset(code)
-	p.connected = false
 	return true
 }
 
-// onConnect answers a connect request.
+// onConnect answers a connect request. A connect from the peer's id we
+// are paired with is answered again, changing nothing; a new connect
+// pairs us with its id (pair), unless we are paired with a newer id of
+// the peer; a copy of a connect we took before pairs nothing.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	key, connID, mtu := getConnect(th)
 	code := Success
-	var next uint32 // our next sequence number to the peer
+	id := e.session // our id in the reply
 	if key != e.cfg.Key {
 		code = BadKey
 	} else {
 		p := e.peerFor(src)
-		stale := p.connected && p.remoteSession == h.srcSession && h.dstSession != 0 && h.dstSession != e.session
-		if p.remoteSession != 0 && p.remoteSession != h.srcSession {
-			// The peer restarted: what we had with its old self is gone.
-			p.reset(BadSession)
-			p.lastConnID = 0
+		x := h.srcSession
+		newer := p.lastConnID == 0 || !sameSelf(x, p.remoteID) || int32(connID-p.lastConnID) > 0
+		switch {
+		case p.connected && x == p.remoteID:
+			// A copy, or another connect of the id we are paired with.
+		case p.connected && older(x, p.remoteID):
+			e.stats.StaleFrames++ // its sender is gone: nobody waits for the answer
+			return
+		case !newer:
+			// A copy of a connect we took before: we forgot the peer
+			// since, or the peer moved on. It is over, and must not
+			// pair us again.
+			code = Aborted
+		default:
+			p.pair(x)
 		}
-		p.remoteSession = h.srcSession
-		if stale {
-			// A connect the peer sent to an old self of ours, before it
-			// heard of this one (our connect, its reply): what it says
-			// is older than what we took since. It is answered only.
-		} else if p.lastConnID == 0 || int32(connID-p.lastConnID) > 0 {
-			// A new connect, not a late copy of an older one (whose
-			// sequence number may predate a reset).
-			p.lastConnID = connID
-			p.syncFrom(h.seq)
+		if code == Success {
+			if newer {
+				p.lastConnID = connID
+			}
+			p.mtu = negotiateMTU(e.eng.mtu, mtu)
+			p.lastHeard = now
 		}
-		p.connected, p.dead, p.local = true, false, nil
-		p.mtu = negotiateMTU(e.eng.mtu, mtu)
-		p.lastHeard = now
-		next = p.nextSeq
+		id = p.localID
 	}
 	g := e.eng
 	b := g.scratchBuf()
-	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: e.session, seq: next}
+	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: id}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
 	e.sendFrame(b[:frameLen(tConnectReply, 0)])
 }
 
-// onConnectReply completes the connect the reply answers.
+// onConnectReply completes the connect the reply answers. A success pairs
+// us with the id the reply comes from, unless we are paired with a newer
+// id of the peer: the answer of the connect's next copy will come from
+// that one.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
@@ -155,25 +185,19 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 		if r.connID != connID || r.connAddr != src {
 			continue
 		}
-		e.connects = append(e.connects[:i], e.connects[i+1:]...)
+		p := e.peerFor(src)
+		if h.dstSession != p.localID {
+			return // it answers a copy sent from an older id of ours
+		}
 		if code == Success {
-			p := e.peerFor(src)
-			if p.remoteSession != 0 && p.remoteSession != h.srcSession {
-				// The peer restarted: what we had with its old self is
-				// gone. Its new self knows of us only this connect (had
-				// it connected to us, we would know its session): it
-				// took the sequence number the connect said. A reset of
-				// ours since then made a new connect, with a new id.
-				p.clear(BadSession)
-				p.lastConnID = 0
-				p.restartAt(r.connSeq)
+			if p.connected && older(h.srcSession, p.remoteID) {
+				return
 			}
-			p.remoteSession = h.srcSession
-			p.syncFrom(h.seq)
-			p.connected, p.dead, p.local = true, false, nil
+			p.pair(h.srcSession)
 			p.mtu = negotiateMTU(e.eng.mtu, mtu)
 			p.lastHeard = now
 		}
+		e.connects = append(e.connects[:i], e.connects[i+1:]...)
 		e.complete(r, code)
 		return
 	}
@@ -294,7 +318,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) nack(p *peer, seq uint32, reason uint8) {
 	p.sendCtl(tNack, 0, func(b []byte) int {
-		putNack(b, seq, reason, p.remoteSession)
+		putNack(b, seq, reason, p.remoteID)
 		return 0
 	})
 }

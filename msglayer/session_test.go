@@ -466,3 +466,53 @@ func connectBoth(t *testing.T, a, b *Endpoint) {
 		t.Fatal(err)
 	}
 }
+
+// TestConnectCopyAfterDisconnect: b takes a's connect, but its reply is
+// lost, and b then disconnects a (that frame is lost too). The copy of the
+// connect a sends again must not connect b once more: a's Connect fails
+// with ErrAborted and b stays disconnected.
+func TestConnectCopyAfterDisconnect(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	defer la.Close()
+	defer lb.Close()
+	a := openT(t, Config{Link: la, EndpointID: 1, Key: 1, ConnectRetry: 20 * time.Millisecond})
+	b := openT(t, Config{Link: lb, EndpointID: 2, Key: 2})
+	// The connect is on its way (queued at b) when a is cut off: b's
+	// answers are lost.
+	hub.SetConfig(xdp.MemConfig{Delay: 20 * time.Millisecond})
+	r, err := a.IConnect(b.Addr(), 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la.Partition(true)
+	bConnected := func() bool {
+		b.eng.mu.Lock()
+		defer b.eng.mu.Unlock()
+		p := b.peers[a.Addr()]
+		return p != nil && p.connected
+	}
+	for deadline := time.Now().Add(2 * time.Second); !bConnected(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("b never took a's connect")
+		}
+	}
+	b.Disconnect(a.Addr())
+	hub.SetConfig(xdp.MemConfig{})
+	la.Partition(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if st, err := a.Wait(ctx, r); st.Code != Aborted || !errors.Is(err, ErrAborted) {
+		t.Errorf("a's connect after b disconnected: %v (%v), want Aborted", st.Code, err)
+	}
+	if bConnected() {
+		t.Error("a copy of a connect b took before it disconnected connected b again")
+	}
+	// A new connect works.
+	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendAndWait(t, b, a, 7, time.Second); err != nil {
+		t.Errorf("b to a after a new connect: %v", err)
+	}
+}

@@ -15,10 +15,10 @@ import (
 //	1  u8  type
 //	2  u8  destination endpoint id
 //	3  u8  source endpoint id
-//	4  u32 destination session: the receiver's session as the sender knows it (0 before connect)
-//	8  u32 source session: the sending endpoint's session
-//	12 u32 sequence number (reliable types; in a connect or connect reply,
-//	       the sender's next one to the receiver; 0 otherwise)
+//	4  u32 destination session: the receiver's connection id as the sender
+//	       knows it (0 before connect; see peer.go, nextGen)
+//	8  u32 source session: the sender's connection id
+//	12 u32 sequence number (reliable types; 0 otherwise)
 //	16 u32 cumulative ack: every reliable frame below it from the receiver has arrived
 //	20 u16 flags
 //	22 u16 payload length (bytes after the type header)
@@ -28,7 +28,7 @@ import (
 // the others are answered or re-requested by their own timers.
 
 const (
-	wireVersion = 2 // 2: nacks name the refused frame's session
+	wireVersion = 3 // 3: sessions are connection ids; ack entries name both
 	commonLen   = 24
 	// hdrLen is Ethernet plus common header: where type headers start.
 	hdrLen = xdp.EthHeaderLen + commonLen
@@ -79,7 +79,7 @@ const (
 	ackHdrLen        = 0  // payload: selective-ack bitmap, bit i = frame ack+1+i arrived
 	sackBytes        = 64 // longest bitmap sent (512 frames)
 	acksHdrLen       = 0  // payload: ackEntry list, the acks after the one the common header carries
-	ackEntryLen      = 9  // dstEP u8, dstSession u32, ack u32
+	ackEntryLen      = 13 // dstEP u8, dstSession u32, srcSession u32, ack u32
 	maxAckEntries    = 64 // most ackEntries one tAcks frame carries
 	nackHdrLen       = 12 // seq u32, reason u8, pad[3], session u32 (the one the refused frame was for)
 	pullReqHdrLen    = 40 // rndvID u32, pullID u32, offset u32, length u32, mask u32, frameBytes u32, key u64, base u64
@@ -412,22 +412,26 @@ func getU32U32(b []byte) (uint32, uint32) {
 // driver, for all of them. A pull request carries the same list as its
 // payload (often empty): the acks ride with it.
 
-// ackEntry is one ack of a bundle: to endpoint dstEP, whose session the
-// sender knows as dstSession, every frame below ack arrived.
+// ackEntry is one ack of a bundle: to endpoint dstEP, on the connection
+// the sender's endpoint knows as (dstSession, srcSession), every frame
+// below ack arrived.
 type ackEntry struct {
 	dstEP      uint8
 	dstSession uint32
+	srcSession uint32
 	ack        uint32
 }
 
 func (a *ackEntry) put(b []byte) {
 	b[0] = a.dstEP
 	binary.BigEndian.PutUint32(b[1:], a.dstSession)
-	binary.BigEndian.PutUint32(b[5:], a.ack)
+	binary.BigEndian.PutUint32(b[5:], a.srcSession)
+	binary.BigEndian.PutUint32(b[9:], a.ack)
 }
 
 func (a *ackEntry) decode(b []byte) {
 	a.dstEP = b[0]
 	a.dstSession = binary.BigEndian.Uint32(b[1:])
-	a.ack = binary.BigEndian.Uint32(b[5:])
+	a.srcSession = binary.BigEndian.Uint32(b[5:])
+	a.ack = binary.BigEndian.Uint32(b[9:])
 }
