@@ -75,7 +75,8 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 		p, tp := e.peerFor(a), t.peerFor(e.addr)
 		p.local, p.connected, p.dead, p.mtu = t, true, false, e.eng.mtu
 		tp.local, tp.connected, tp.dead, tp.mtu = e, true, false, e.eng.mtu
-		p.remoteID, tp.remoteID = tp.localID, p.localID
+		p.remoteID, p.remoteGen = tp.localID, tp.localGen
+		tp.remoteID, tp.remoteGen = p.localID, p.localGen
 		e.complete(r, Success)
 	}
 }
@@ -86,10 +87,11 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 func (e *Endpoint) sendConnect(r *request, now int64) {
 	g := e.eng
 	b := g.scratchBuf()
-	// The connect comes from our id (a reset sends it again from the new
-	// one), and names the peer's id we last knew.
+	// The connect comes from our id, of the generation it says (a reset
+	// sends it again from the new one), and names the peer's id we last
+	// knew.
 	p := e.peers[r.connAddr]
-	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: p.localID, dstSession: p.remoteID}
+	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: p.localID, dstSession: p.remoteID, seq: p.localGen}
 	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
 	e.sendFrame(b[:frameLen(tConnect, 0)])

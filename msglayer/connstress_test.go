@@ -1,5 +1,3 @@
-//go:build connstress
-
 package msglayer
 
 // A randomized, seeded stress test of connect / restart / disconnect.
@@ -43,8 +41,9 @@ package msglayer
 // T poll; Kn checkpoint (n seeds its choices).
 //
 // The TestConnStress* tests after TestConnStress are deterministic
-// reproductions of the failures it found (they fail until the protocol
-// is fixed).
+// reproductions of the failures it found in the design before connection
+// ids (docs/connstress-2026-11-26.md, where their comments' line numbers
+// and mechanisms come from): they stay as regression tests.
 
 import (
 	"bytes"

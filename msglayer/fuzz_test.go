@@ -686,7 +686,7 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 				th, _ := typeHdr(f, &h)
 				key, _, _ := getConnect(th)
 				p := to.peers[src]
-				stale = key == to.cfg.Key && p != nil && p.connected && older(h.srcSession, p.remoteID)
+				stale = key == to.cfg.Key && p != nil && p.connected && h.srcSession != p.remoteID && p.older(h.srcSession, h.seq)
 			}
 			if h.typ != tConnect && h.typ != tConnectReply && !sessionNack {
 				p := to.peers[src]

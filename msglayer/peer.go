@@ -11,10 +11,10 @@ import (
 type peer struct {
 	ep   *Endpoint
 	addr Addr
-	// localID and remoteID name the connection (see nextGen): ours, and
-	// the peer's as we last learned it (0: never).
-	localID  uint32
-	remoteID uint32
+	// localID and remoteID name the connection (see newID): ours, and
+	// the peer's as we last learned it (0: never), with their generations.
+	localID, localGen   uint32
+	remoteID, remoteGen uint32
 	// lastConnID is the newest connect of the peer's self that we took
 	// (0: none); a late copy of an older one does not pair us again.
 	lastConnID uint32
@@ -135,37 +135,42 @@ func newPeer(e *Endpoint, a Addr) *peer {
 // reply (remoteID); every frame carries both, the receiver's as the
 // destination session and the sender's as the source session, and a frame
 // that does not name the pair exactly as the receiver knows it is stale.
-// A side that forgets the exchange (it gave up on the peer, disconnected,
-// or was told the peer does not know it) takes a new id, so that nothing
-// of the old exchange, a late frame, ack, nack or disconnect, can touch a
-// newer one; a side that learns the peer took a new id (a connect or reply
-// names it) drops what it had with the old one. Each pair starts its
-// sequence numbers at 0 both ways: connects carry none.
+// A record uses an id for one connection at most: it takes a new one
+// when it forgets the exchange (it gave up on the peer, disconnected, or
+// was told the peer does not know it: reset) and when it leaves a
+// connection for one with another id of the peer (pair). So each side
+// holds the state of a connection once, from its start, and both start
+// their sequence numbers at 0: nothing of an older exchange, a late
+// frame, ack, nack, connect or disconnect, can touch a newer one.
 //
-// An id is the endpoint's self (its session's high bits, random at Open)
-// and a generation (its low idGenBits), which a record moves on at each
-// reset: of two ids of one self, the older generation is the stale one.
-const (
-	idGenBits = 8
-	idGenMask = 1<<idGenBits - 1
-)
+// An id is the endpoint's session (random at Open: its self) plus a
+// generation that the record moves on at each new id; connects and their
+// replies carry the generation in the sequence number field, so that of
+// two ids of one self the older is known (a connect still on its way from
+// before the peer reset changes nothing).
 
-// nextGen is id's next generation, never 0 (0 means "unknown").
-func nextGen(id uint32) uint32 {
-	n := id&^idGenMask | (id+1)&idGenMask
-	if n == 0 {
-		n = 1
+// newID moves the record on to its next id.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) newID() {
+	p.localGen++
+	p.localID = p.ep.session + p.localGen
+	if p.localID == 0 { // 0 means "unknown"
+		p.newID()
 	}
-	return n
 }
 
-// sameSelf reports whether ids a and b belong to one self of an endpoint
-// (one Open): a restarted endpoint has a new self.
-func sameSelf(a, b uint32) bool { return a>>idGenBits == b>>idGenBits }
+// sameSelf reports whether id x of generation gen comes from the self of
+// the peer whose id we know.
+func (p *peer) sameSelf(x, gen uint32) bool {
+	return p.remoteID != 0 && x-gen == p.remoteID-p.remoteGen
+}
 
-// older reports whether id a is an earlier generation of b's self (b 0:
-// no id known, nothing is older).
-func older(a, b uint32) bool { return b != 0 && sameSelf(a, b) && int8(uint8(a)-uint8(b)) < 0 }
+// older reports whether id x of generation gen is an earlier one of the
+// peer's self than the id we know.
+func (p *peer) older(x, gen uint32) bool {
+	return p.sameSelf(x, gen) && int32(gen-p.remoteGen) < 0
+}
 
 // reset forgets the exchange with the peer: it gave up on it, this side
 // disconnected, or the peer said it does not know our id. Pending
@@ -177,7 +182,7 @@ func older(a, b uint32) bool { return b != 0 && sameSelf(a, b) && int8(uint8(a)-
 func (p *peer) reset(code Code) {
 	p.clear(code)
 	p.connected = false
-	p.localID = nextGen(p.localID)
+	p.newID()
 	e := p.ep
 	for _, r := range e.connects {
 		if r.connAddr == p.addr {
@@ -187,20 +192,21 @@ func (p *peer) reset(code Code) {
 	}
 }
 
-// pair makes x the peer's id we exchange with: a connect of the peer, or
-// its reply to ours, named it. What we had with another id of the peer is
-// gone (it restarted, or forgot us): its operations complete with
-// BadSession.
+// pair makes x, of generation gen, the peer's id we exchange with: a
+// connect of the peer, or its reply to ours, named it. What we had with
+// another id of the peer is gone (it restarted, or forgot us): its
+// operations complete with BadSession, and our id of it is not used again.
 //
 // +checklocks:p.ep.eng.mu
-func (p *peer) pair(x uint32) {
+func (p *peer) pair(x, gen uint32) {
 	if p.connected && p.remoteID != x {
 		p.clear(BadSession)
+		p.newID()
 	}
-	if !sameSelf(x, p.remoteID) {
+	if !p.sameSelf(x, gen) {
 		p.lastConnID = 0 // a new self numbers its connects anew
 	}
-	p.remoteID = x
+	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil
 }
 

@@ -135,17 +135,17 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	key, connID, mtu := getConnect(th)
 	code := Success
-	id := e.session // our id in the reply
+	id, gen := e.session, uint32(0) // our id in the reply
 	if key != e.cfg.Key {
 		code = BadKey
 	} else {
 		p := e.peerFor(src)
-		x := h.srcSession
-		newer := p.lastConnID == 0 || !sameSelf(x, p.remoteID) || int32(connID-p.lastConnID) > 0
+		x, xgen := h.srcSession, h.seq
+		newer := p.lastConnID == 0 || !p.sameSelf(x, xgen) || int32(connID-p.lastConnID) > 0
 		switch {
 		case p.connected && x == p.remoteID:
 			// A copy, or another connect of the id we are paired with.
-		case p.connected && older(x, p.remoteID):
+		case p.connected && p.older(x, xgen):
 			e.stats.StaleFrames++ // its sender is gone: nobody waits for the answer
 			return
 		case !newer:
@@ -154,7 +154,7 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 			// pair us again.
 			code = Aborted
 		default:
-			p.pair(x)
+			p.pair(x, xgen)
 		}
 		if code == Success {
 			if newer {
@@ -163,20 +163,21 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 			p.mtu = negotiateMTU(e.eng.mtu, mtu)
 			p.lastHeard = now
 		}
-		id = p.localID
+		id, gen = p.localID, p.localGen
 	}
 	g := e.eng
 	b := g.scratchBuf()
-	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: id}
+	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: id, seq: gen}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
 	e.sendFrame(b[:frameLen(tConnectReply, 0)])
 }
 
 // onConnectReply completes the connect the reply answers. A success pairs
-// us with the id the reply comes from, unless we are paired with a newer
-// id of the peer: the answer of the connect's next copy will come from
-// that one.
+// us with the id the reply comes from; while we are paired with another
+// id of the peer, a reply from an older one is left for the answer to the
+// connect's next copy, and one from a newer one starts the connection over
+// (reset).
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
@@ -190,10 +191,20 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 			return // it answers a copy sent from an older id of ours
 		}
 		if code == Success {
-			if p.connected && older(h.srcSession, p.remoteID) {
+			x, gen := h.srcSession, h.seq
+			switch {
+			case !p.connected || x == p.remoteID:
+				p.pair(x, gen)
+			case p.older(x, gen):
+				return
+			default:
+				// The peer took the connect with a new id while we are
+				// paired with another: it forgot that one. We start over
+				// from a new id too, which the connect, sent again,
+				// announces: the peer pairs anew with it.
+				p.reset(BadSession)
 				return
 			}
-			p.pair(h.srcSession)
 			p.mtu = negotiateMTU(e.eng.mtu, mtu)
 			p.lastHeard = now
 		}

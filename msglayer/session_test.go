@@ -3,6 +3,7 @@ package msglayer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -514,5 +515,99 @@ func TestConnectCopyAfterDisconnect(t *testing.T) {
 	}
 	if err := sendAndWait(t, b, a, 7, time.Second); err != nil {
 		t.Errorf("b to a after a new connect: %v", err)
+	}
+}
+
+// checkDelivered sends one 10-byte message from one endpoint to another
+// and fails the test when the send succeeds but the message never
+// arrives: the loss a connection whose two sides number differently
+// causes.
+func checkDelivered(t *testing.T, from, to *Endpoint, match uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	r, err := to.Irecv(match, ^uint64(0), [][]byte{make([]byte, 10)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := from.Isend(to.Addr(), match, [][]byte{[]byte("0123456789")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, serr := from.Wait(ctx, s)
+	rctx, rcancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer rcancel()
+	if _, rerr := to.Wait(rctx, r); rerr != nil {
+		to.Cancel(r)
+		t.Errorf("%v to %v: send %v, receive %v\n%v: %s%v: %s", from.Addr(), to.Addr(), serr, rerr,
+			from.Addr(), from.DebugPeer(to.Addr()), to.Addr(), to.DebugPeer(from.Addr()))
+	}
+}
+
+// TestLateConnectOfOldSelf: a connect b sent just before it restarted
+// reaches a after b's new self connected and a began a rendezvous with
+// it. a leaves the new self for the old one (its pending send fails) and
+// its application connects again. a's record once kept its id through
+// that, so the new self took a's connect as a copy and kept its sequence
+// numbers while a's started again at 0: a's next message was acked as a
+// duplicate and never delivered.
+func TestLateConnectOfOldSelf(t *testing.T) {
+	a, b, la, lb := connectedPair(t, Config{GiveUp: time.Second}, Config{GiveUp: time.Second})
+	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	hub := la.Hub()
+	hub.SetConfig(xdp.MemConfig{Delay: 150 * time.Millisecond})
+	if _, err := b.IConnect(a.Addr(), 0xa, nil); err != nil { // on the wire for 150 ms
+		t.Fatal(err)
+	}
+	b2 := restart(t, b, lb)
+	hub.SetConfig(xdp.MemConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := b2.Connect(ctx, a.Addr(), 0xa); err != nil {
+		t.Fatal(err)
+	}
+	// A rendezvous b2 does not take: its record is acked, and the send
+	// waits until the old self's connect arrives.
+	s, err := a.Isend(b2.Addr(), 42, [][]byte{make([]byte, 1<<20)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := a.Wait(ctx, s); err == nil {
+		t.Logf("the rendezvous completed: %v", st.Code)
+	}
+	if err := a.Connect(ctx, b2.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	checkDelivered(t, a, b2, 7)
+	checkDelivered(t, b2, a, 8)
+}
+
+// TestManyResetsThenConnect: a forgets b many times while cut off (b
+// never hears of it), then connects. With an 8-bit generation, 128 resets
+// made a's new id look older than the one b knew (the connect was
+// dropped), and 256 brought back the very id b knew (taken as a copy, b's
+// sequence numbers kept: a's message acked and lost).
+func TestManyResetsThenConnect(t *testing.T) {
+	for _, n := range []int{128, 256} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			a, b, la, _ := connectedPair(t, Config{GiveUp: 300 * time.Millisecond}, Config{GiveUp: 300 * time.Millisecond})
+			if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			la.Partition(true)
+			for range n {
+				a.Disconnect(b.Addr())
+			}
+			la.Partition(false)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
+				t.Fatalf("connect after %d resets: %v", n, err)
+			}
+			checkDelivered(t, a, b, 7)
+			checkDelivered(t, b, a, 8)
+		})
 	}
 }

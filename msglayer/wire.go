@@ -16,9 +16,10 @@ import (
 //	2  u8  destination endpoint id
 //	3  u8  source endpoint id
 //	4  u32 destination session: the receiver's connection id as the sender
-//	       knows it (0 before connect; see peer.go, nextGen)
+//	       knows it (0 before connect; see peer.go, newID)
 //	8  u32 source session: the sender's connection id
-//	12 u32 sequence number (reliable types; 0 otherwise)
+//	12 u32 sequence number (reliable types; in a connect or connect reply,
+//	       the generation of the sender's id; 0 otherwise)
 //	16 u32 cumulative ack: every reliable frame below it from the receiver has arrived
 //	20 u16 flags
 //	22 u16 payload length (bytes after the type header)
