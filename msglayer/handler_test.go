@@ -141,3 +141,34 @@ func TestHandlerOncePerMessage(t *testing.T) {
 		t.Errorf("expected +%d, want +1", p.expected-s)
 	}
 }
+
+// TestSenderGoneMidMessage: the first fragment of an eager message
+// reaches b and matches a receive; the sender restarts before the rest
+// comes. b waits on a for nothing else, and its receive used to wait for
+// ever: the timers now watch a peer whose message is incomplete, and the
+// keepalive finds it gone.
+func TestSenderGoneMidMessage(t *testing.T) {
+	a, b, la, _ := connectedPair(t, Config{}, Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond})
+	r, err := b.Irecv(5, ^uint64(0), [][]byte{make([]byte, 3000)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := b.eng
+	g.mu.Lock()
+	p := b.peers[a.Addr()]
+	g.dispatch(forgeEager(a, b, p.expected, 5, 3000, 0, make([]byte, 1000)), g.readClock())
+	active := p.in.active
+	g.flushAndUnlock()
+	if !active {
+		t.Fatal("the first fragment did not start a message")
+	}
+	a.Close()
+	openT(t, Config{Link: la, EndpointID: a.id, Key: a.cfg.Key})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	st, err := b.Wait(ctx, r)
+	if st.Code == Success {
+		t.Fatalf("the receive of a message whose sender restarted: %v (%v)", st.Code, err)
+	}
+	t.Logf("receive: %v", st.Code)
+}

@@ -135,21 +135,23 @@ func newPeer(e *Endpoint, a Addr) *peer {
 // reply (remoteID); every frame carries both, the receiver's as the
 // destination session and the sender's as the source session, and a frame
 // that does not name the pair exactly as the receiver knows it is stale.
-// A record uses an id for one connection at most: it takes a new one
-// when it forgets the exchange (it gave up on the peer, disconnected, or
-// was told the peer does not know it: reset) and when it leaves a
-// connection for one with another id of the peer (pair). So each side
-// holds the state of a connection once, from its start, and both start
-// their sequence numbers at 0: nothing of an older exchange, a late
-// frame, ack, nack, connect or disconnect, can touch a newer one.
+// Each side holds the state of a connection once, from its start, and
+// both start their sequence numbers at 0, so that nothing of an older
+// exchange, a late frame, ack, nack, connect or disconnect, can touch a
+// newer one: a record never goes back to a pair of ids it left. It takes
+// a new id when it forgets the exchange (it gave up on the peer,
+// disconnected, or was told the peer does not know it: reset) and when it
+// leaves a connection for one with another self of the peer (pair).
 //
 // An id is the endpoint's session (random at Open: its self) plus a
 // generation that the record moves on at each new id; connects and their
 // replies carry the generation in the sequence number field, so that of
-// two ids of one self the older is known (a connect still on its way from
-// before the peer reset changes nothing).
+// two ids of one self the older is known, and a connected record never
+// pairs with an older id of the peer's self than the one it has.
 
-// newID moves the record on to its next id.
+// newID moves the record on to its next id. A connect to the peer under
+// way goes again at once, from the new id and as a new connect (a new
+// connect id): the peer may have taken it from the old one.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) newID() {
@@ -157,6 +159,14 @@ func (p *peer) newID() {
 	p.localID = p.ep.session + p.localGen
 	if p.localID == 0 { // 0 means "unknown"
 		p.newID()
+		return
+	}
+	e := p.ep
+	for _, r := range e.connects {
+		if r.connAddr == p.addr {
+			r.connID = e.newID()
+			e.sendConnect(r, e.eng.readClock())
+		}
 	}
 }
 
@@ -175,39 +185,38 @@ func (p *peer) older(x, gen uint32) bool {
 // reset forgets the exchange with the peer: it gave up on it, this side
 // disconnected, or the peer said it does not know our id. Pending
 // operations with the peer complete with code; the record takes a new id
-// and keeps the peer's (to tell its later ids from earlier ones). A
-// connect to the peer under way goes again at once, from the new id.
+// and keeps the peer's (to tell its later ids from earlier ones).
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) reset(code Code) {
 	p.clear(code)
 	p.connected = false
 	p.newID()
-	e := p.ep
-	for _, r := range e.connects {
-		if r.connAddr == p.addr {
-			r.connID = e.newID()
-			e.sendConnect(r, e.eng.readClock())
-		}
-	}
 }
 
 // pair makes x, of generation gen, the peer's id we exchange with: a
 // connect of the peer, or its reply to ours, named it. What we had with
 // another id of the peer is gone (it restarted, or forgot us): its
-// operations complete with BadSession, and our id of it is not used again.
+// operations complete with BadSession. Leaving an id of another self of
+// the peer, we take a new id too: that self's ids are not ordered with
+// the new one's, and a late connect of it could otherwise bring us back to
+// the pair we left, whose other side may still hold its state.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) pair(x, gen uint32) {
-	if p.connected && p.remoteID != x {
+	leaving := p.connected && p.remoteID != x
+	sameSelf := p.sameSelf(x, gen)
+	if leaving {
 		p.clear(BadSession)
-		p.newID()
 	}
-	if !p.sameSelf(x, gen) {
+	if !sameSelf {
 		p.lastConnID = 0 // a new self numbers its connects anew
 	}
 	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil
+	if leaving && !sameSelf {
+		p.newID()
+	}
 }
 
 // clear completes every pending operation with the peer with code and
@@ -465,7 +474,7 @@ func (s *txSlot) stamped(now int64) {
 		// record so acknowledged still waits for its notify: the timers
 		// must watch the peer (keepalives, give-up), as they would had
 		// the record been timed.
-		if p.rndvs > 0 || p.pulls > 0 {
+		if p.waitsOn() {
 			p.ep.arm(&p.tm, now+int64(p.ep.cfg.KeepaliveInterval))
 		}
 		return
@@ -880,8 +889,9 @@ func (p *peer) runTimers(now int64) int64 {
 		at(due)
 	}
 	// Keepalive while we wait on the peer for something other than acks
-	// (a notify, pull data): a dead peer must not leave requests hanging.
-	if p.rndvs > 0 || p.pulls > 0 {
+	// (a notify, pull data, the rest of an eager message): a dead peer
+	// must not leave requests hanging.
+	if p.waitsOn() {
 		if !p.waiting {
 			// Silence counts from the start of the wait, not from the
 			// last frame of an idle connection.
@@ -901,6 +911,11 @@ func (p *peer) runTimers(now int64) int64 {
 	}
 	return next
 }
+
+// waitsOn reports whether we wait on the peer for something other than
+// acks: the notify of a rendezvous, pull data, or the rest of an eager
+// message whose first fragments arrived.
+func (p *peer) waitsOn() bool { return p.rndvs > 0 || p.pulls > 0 || p.in.active }
 
 // rtoFor is the timeout of a slot after its retries (exponential backoff).
 func (p *peer) rtoFor(s *txSlot) int64 {

@@ -175,9 +175,9 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 
 // onConnectReply completes the connect the reply answers. A success pairs
 // us with the id the reply comes from; while we are paired with another
-// id of the peer, a reply from an older one is left for the answer to the
-// connect's next copy, and one from a newer one starts the connection over
-// (reset).
+// id of the peer, a reply from an older one of its self is left for the
+// answer to the connect's next copy, and one from another self starts the
+// connection over (reset).
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
@@ -193,15 +193,16 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 		if code == Success {
 			x, gen := h.srcSession, h.seq
 			switch {
-			case !p.connected || x == p.remoteID:
+			case !p.connected || x == p.remoteID || (p.sameSelf(x, gen) && !p.older(x, gen)):
 				p.pair(x, gen)
 			case p.older(x, gen):
 				return
 			default:
-				// The peer took the connect with a new id while we are
-				// paired with another: it forgot that one. We start over
-				// from a new id too, which the connect, sent again,
-				// announces: the peer pairs anew with it.
+				// Another self of the peer took the connect while we are
+				// paired with the old one. Pairing would take us a new id
+				// (pair), which the peer does not know: we start over
+				// from a new id (reset), which the connect, sent again,
+				// announces.
 				p.reset(BadSession)
 				return
 			}
@@ -294,6 +295,11 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		}
 		p.expected++
 		records = records && fh.typ == tRndv
+	}
+	if p.in.active && !p.tm.armed() {
+		// The rest of the message is to come: the timers watch the peer
+		// meanwhile (keepalives, give-up), whatever the acks do.
+		e.arm(&p.tm, now+int64(e.cfg.KeepaliveInterval))
 	}
 	p.ackPending++
 	// An ack of rendezvous records alone completes no send (the notify
