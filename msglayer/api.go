@@ -50,7 +50,7 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 		// Same NIC, same process: no frame needed.
 		e.connectLocal(r, a, key, now)
 	} else {
-		r.connID = e.newID()
+		r.connID = e.newConnID()
 		r.connDeadline = now + int64(e.cfg.GiveUp)
 		e.peerFor(a) // the connect comes from its id
 		e.connects = append(e.connects, r)
@@ -299,7 +299,15 @@ func (e *Endpoint) lockPeer(a Addr, op string) (*peer, error) {
 	return p, nil
 }
 
-// newID returns a fresh id for rendezvous, pulls and connects.
+// newConnID returns a fresh connect id.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) newConnID() uint32 {
+	e.nextConnID++
+	return e.nextConnID
+}
+
+// newID returns a fresh id for rendezvous, pulls and registrations.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) newID() uint32 {

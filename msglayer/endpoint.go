@@ -257,6 +257,11 @@ type Endpoint struct {
 	pulls map[uint32]*pull // our receives pulling data
 	// +checklocks:eng.mu
 	nextID uint32
+	// nextConnID numbers connects, apart from nextID: the peer orders a
+	// self's connects by it (serial arithmetic), which 2^31 rendezvous
+	// or pulls in between must not turn round.
+	// +checklocks:eng.mu
+	nextConnID uint32
 	// +checklocks:eng.mu
 	unexpBytes int
 	// +checklocks:eng.mu
@@ -344,10 +349,11 @@ func Open(cfg Config) (*Endpoint, error) {
 		pulls:   map[uint32]*pull{},
 		windows: map[uint32]*window{},
 	}
-	var b [8]byte
+	var b [12]byte
 	rand.Read(b[:])
 	e.session = binary.BigEndian.Uint32(b[:]) | 1 // never 0 (0 means "unknown")
 	e.nextID = binary.BigEndian.Uint32(b[4:])
+	e.nextConnID = binary.BigEndian.Uint32(b[8:])
 	e.addr = Addr{MAC: g.mac, EP: e.id}
 	e.match.init(cfg.ContextIDBits, cfg.ContextIDShift)
 	g.mu.Lock()

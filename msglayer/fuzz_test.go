@@ -503,7 +503,7 @@ func newFuzzPair(t testing.TB, cfgSel byte, record bool) *fuzzPair {
 		g.wantDrive.Add(1)
 		l.Wake()
 		g.mu.Lock()
-		e.session, e.nextID = sess, nextID
+		e.session, e.nextID, e.nextConnID = sess, nextID, nextID
 		g.mu.Unlock()
 		return e
 	}

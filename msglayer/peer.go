@@ -17,12 +17,15 @@ type peer struct {
 	remoteID, remoteGen uint32
 	// lastConnID is the newest connect of the peer's self that we took
 	// (0: none); a late copy of an older one does not pair us again.
-	lastConnID uint32
-	connected  bool      // paired with remoteID: a connect or its reply named it
-	dead       bool      // retransmissions gave up: sends fail until a new connect
-	local      *Endpoint // same-process endpoint: messages skip the NIC
-	mtu        int       // frames to the peer: the smaller of both MTUs
-	tm         timer     // in ep.timers while it has frames in flight or an ack due
+	// leftSelf and leftConnID are the same of the self of the peer we
+	// last left for another.
+	lastConnID           uint32
+	leftSelf, leftConnID uint32
+	connected            bool      // paired with remoteID: a connect or its reply named it
+	dead                 bool      // retransmissions gave up: sends fail until a new connect
+	local                *Endpoint // same-process endpoint: messages skip the NIC
+	mtu                  int       // frames to the peer: the smaller of both MTUs
+	tm                   timer     // in ep.timers while it has frames in flight or an ack due
 
 	// Send side: frames nextSeq-acked in flight, in the window.
 	nextSeq  uint32
@@ -164,11 +167,15 @@ func (p *peer) newID() {
 	e := p.ep
 	for _, r := range e.connects {
 		if r.connAddr == p.addr {
-			r.connID = e.newID()
+			r.connID = e.newConnID()
 			e.sendConnect(r, e.eng.readClock())
 		}
 	}
 }
+
+// is reports whether id x of generation gen is the peer's id we know (two
+// selves' ids may be equal; their generations then differ).
+func (p *peer) is(x, gen uint32) bool { return x == p.remoteID && gen == p.remoteGen }
 
 // sameSelf reports whether id x of generation gen comes from the self of
 // the peer whose id we know.
@@ -204,13 +211,19 @@ func (p *peer) reset(code Code) {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) pair(x, gen uint32) {
-	leaving := p.connected && p.remoteID != x
+	leaving := p.connected && !p.is(x, gen)
 	sameSelf := p.sameSelf(x, gen)
 	if leaving {
 		p.clear(BadSession)
 	}
 	if !sameSelf {
-		p.lastConnID = 0 // a new self numbers its connects anew
+		// A new self numbers its connects anew. The one we leave is
+		// remembered with its last connect: its late copies must not
+		// take us back.
+		if p.remoteID != 0 {
+			p.leftSelf, p.leftConnID = p.remoteID-p.remoteGen, p.lastConnID
+		}
+		p.lastConnID = 0
 	}
 	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil

@@ -141,9 +141,15 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	} else {
 		p := e.peerFor(src)
 		x, xgen := h.srcSession, h.seq
-		newer := p.lastConnID == 0 || !p.sameSelf(x, xgen) || int32(connID-p.lastConnID) > 0
+		newer := true // not a copy of a connect we took
 		switch {
-		case p.connected && x == p.remoteID:
+		case p.sameSelf(x, xgen):
+			newer = p.lastConnID == 0 || int32(connID-p.lastConnID) > 0
+		case p.leftSelf != 0 && x-xgen == p.leftSelf:
+			newer = p.leftConnID == 0 || int32(connID-p.leftConnID) > 0
+		}
+		switch {
+		case p.connected && p.is(x, xgen):
 			// A copy, or another connect of the id we are paired with.
 		case p.connected && p.older(x, xgen):
 			e.stats.StaleFrames++ // its sender is gone: nobody waits for the answer
@@ -193,7 +199,7 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 		if code == Success {
 			x, gen := h.srcSession, h.seq
 			switch {
-			case !p.connected || x == p.remoteID || (p.sameSelf(x, gen) && !p.older(x, gen)):
+			case !p.connected || p.is(x, gen) || (p.sameSelf(x, gen) && !p.older(x, gen)):
 				p.pair(x, gen)
 			case p.older(x, gen):
 				return

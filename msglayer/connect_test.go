@@ -1,0 +1,224 @@
+package msglayer
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// TestReconnectAfterManyIDs: connect ids came from the endpoint's one
+// counter (e.newID), which every rendezvous send, pull and registration
+// also moves on. Once 2^31 ids went by since the peer took our last
+// connect, a new connect looked older than it and was answered Aborted,
+// every time, for the next 2^31 ids. Connects have a counter of their own.
+func TestReconnectAfterManyIDs(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// What 2^31 rendezvous sends/pulls of a (to anyone) do to the counter.
+	a.eng.mu.Lock()
+	a.nextID += 1 << 31
+	a.eng.mu.Unlock()
+	// The connection breaks on b's side (b gave up, or disconnected).
+	b.Disconnect(a.Addr())
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := a.Connect(ctx, b.Addr(), 0xb)
+		cancel()
+		t.Logf("reconnect %d: %v", i, err)
+		if i == 4 && errors.Is(err, ErrAborted) {
+			t.Errorf("a cannot reconnect: every connect is answered Aborted")
+		}
+	}
+}
+
+// TestLockstepConnects: two endpoints each connected to an id the
+// other has left (reached here through two old connect copies delivered
+// after both sides reset) call Connect at the same moment, again and
+// again. Each took the other's connect from a newer id and re-paired
+// with a new id of its own; the replies named the ids just left and were
+// dropped; the copies sent again from the new ids carried the connect ids
+// already taken and were answered Aborted, for ever. A newer id of the
+// same self now pairs without a new id of ours, and a new id of ours
+// sends its pending connects as new ones.
+func TestLockstepConnects(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+	rb, _ := b.IConnect(a.Addr(), 0xa, nil)
+	n.lockstep()
+	for _, x := range []struct {
+		e *Endpoint
+		r Request
+	}{{a, ra}, {b, rb}} {
+		if st, ok, _ := x.e.Test(x.r); !ok || st.Code != Success {
+			t.Fatalf("first connect: %v %v", ok, st.Code)
+		}
+	}
+	// Both connect again; the copies are slow (held). Both sides then
+	// forget the other (Disconnect; the disconnect frames are lost), and
+	// the held copies from the old ids arrive.
+	a.IConnect(b.Addr(), 0xb, nil)
+	b.IConnect(a.Addr(), 0xa, nil)
+	oldA, oldB := n.la.take(), n.lb.take()
+	a.Disconnect(b.Addr())
+	b.Disconnect(a.Addr())
+	newA, newB := n.la.take(), n.lb.take() // [disconnect, connect from the new id]
+	for _, f := range oldA {
+		n.deliver(b, f)
+	}
+	for _, f := range oldB {
+		n.deliver(a, f)
+	}
+	n.la.take()
+	n.lb.take() // replies to connect ids no longer pending: ignored anyway
+	la, lr, lc := n.ids(a, b)
+	bl, br, bc := n.ids(b, a)
+	t.Logf("after old copies: a gen %d paired with b gen %d (%v); b gen %d paired with a gen %d (%v)", la, lr, lc, bl, br, bc)
+	for _, f := range newA[1:] {
+		n.deliver(b, f)
+	}
+	for _, f := range newB[1:] {
+		n.deliver(a, f)
+	}
+	n.lockstep()
+	// The applications keep calling Connect, both at once.
+	for round := range 8 {
+		ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+		rb, _ := b.IConnect(a.Addr(), 0xa, nil)
+		var sa, sb Status
+		var oka, okb bool
+		for range 20 {
+			n.lockstep()
+			if !oka {
+				sa, oka, _ = a.Test(ra)
+			}
+			if !okb {
+				sb, okb, _ = b.Test(rb)
+			}
+			if oka && okb {
+				break
+			}
+			n.clock.Advance(50 * time.Millisecond)
+			n.timers(a)
+			n.timers(b)
+		}
+		la, lr, lc := n.ids(a, b)
+		bl, br, bc := n.ids(b, a)
+		t.Logf("round %d: a's connect %v, b's %v; a gen %d paired with b gen %d (%v), b gen %d paired with a gen %d (%v)",
+			round, sa.Code, sb.Code, la, lr, lc, bl, br, bc)
+		if sa.Code == Success && sb.Code == Success {
+			for i, d := range [][2]*Endpoint{{a, b}, {b, a}} {
+				r, _ := d[1].Irecv(uint64(9+i), ^uint64(0), [][]byte{make([]byte, 10)}, nil)
+				s, _ := d[0].Isend(d[1].Addr(), uint64(9+i), [][]byte{[]byte("0123456789")}, nil)
+				for range 10 {
+					n.lockstep()
+					n.clock.Advance(time.Millisecond)
+					n.timers(a)
+					n.timers(b)
+				}
+				st, ok1, _ := d[0].Test(s)
+				rt, ok2, _ := d[1].Test(r)
+				t.Logf("message %d: send %v %v, receive %v %v", i, ok1, st.Code, ok2, rt.Code)
+				if !ok2 || rt.Code != Success {
+					t.Errorf("message not delivered")
+				}
+			}
+			return
+		}
+	}
+	t.Error("8 rounds of simultaneous connects: none succeeded")
+}
+
+// TestSymmetricReconnects: the same on the in-memory hub with a
+// 20 ms one-way delay, in real time: two applications that each retry
+// Connect as soon as it fails stayed in step, and never connected.
+func TestSymmetricReconnects(t *testing.T) {
+	a, b, la, _ := connectedPair(t, Config{}, Config{})
+	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	la.Hub().SetConfig(xdp.MemConfig{Delay: 20 * time.Millisecond})
+	// Both connect again and, with the connects on the wire, forget the
+	// other (an application's "reconnect": Disconnect, then Connect).
+	a.IConnect(b.Addr(), 0xb, nil)
+	b.IConnect(a.Addr(), 0xa, nil)
+	a.Disconnect(b.Addr())
+	b.Disconnect(a.Addr())
+	type res struct {
+		tries int
+		ok    bool
+	}
+	loop := func(e, o *Endpoint, key uint32, out chan<- res) {
+		deadline := time.Now().Add(3 * time.Second)
+		n := 0
+		for time.Now().Before(deadline) {
+			n++
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			err := e.Connect(ctx, o.Addr(), key)
+			cancel()
+			if err == nil {
+				out <- res{n, true}
+				return
+			}
+		}
+		out <- res{n, false}
+	}
+	ca, cb := make(chan res, 1), make(chan res, 1)
+	go loop(a, b, 0xb, ca)
+	go loop(b, a, 0xa, cb)
+	ra, rb := <-ca, <-cb
+	t.Logf("a: %d connects, connected %v; b: %d connects, connected %v", ra.tries, ra.ok, rb.tries, rb.ok)
+	if !ra.ok || !rb.ok {
+		t.Errorf("3 s of retried connects did not connect")
+	}
+}
+
+// TestOldSelfCopiesFlipFlop: every late copy of a dead self's connect
+// took a away from the live new self (pair forgot the old self's last
+// connect on the change of self, so a copy already taken counted as new
+// again). The self left is remembered with its last connect.
+func TestOldSelfCopiesFlipFlop(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a := n.a
+	ra, _ := a.IConnect(n.b.Addr(), 0xb, nil)
+	n.lockstep()
+	a.Forget(ra)
+	b := n.b
+	b.IConnect(a.Addr(), 0xa, nil) // copies of one connect, held in the network
+	c1 := n.lb.take()
+	n.clock.Advance(50 * time.Millisecond)
+	n.timers(b)
+	c2 := n.lb.take()
+	b2 := n.restart(b)
+	tears := 0
+	for i, copy := range [][]byte{c1[0], c2[0]} {
+		r, _ := b2.IConnect(a.Addr(), 0xa, nil)
+		for range 5 {
+			n.lockstep()
+			n.clock.Advance(50 * time.Millisecond)
+			n.timers(a)
+			n.timers(b2)
+		}
+		if st, ok, _ := b2.Test(r); !ok || st.Code != Success {
+			t.Fatalf("b2's connect %d: %v %v", i, ok, st.Code)
+		}
+		rr, _ := b2.Irecv(uint64(50+i), ^uint64(0), [][]byte{make([]byte, 40000)}, nil)
+		_ = rr
+		s, _ := a.Isend(b2.Addr(), uint64(50+i), [][]byte{make([]byte, 40000)}, nil) // rendezvous, pulled by b2
+		n.deliver(a, copy)                                                           // the old self's late copy
+		n.lockstep()
+		st, ok, _ := a.Test(s)
+		if ok && st.Code == BadSession {
+			tears++
+		}
+		t.Logf("old self's copy %d: a's send to the new self: done %v, %v", i, ok, st.Code)
+	}
+	if tears == 2 {
+		t.Errorf("each of 2 late copies of the old self's one connect tore down the live connection")
+	}
+}

@@ -1,0 +1,144 @@
+package msglayer
+
+import (
+	"bytes"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// capLink captures the frames an engine sends instead of sending them:
+// the test delivers them itself, in the order it chooses.
+type capLink struct {
+	xdp.Link
+	mu  sync.Mutex
+	out [][]byte
+}
+
+func (l *capLink) Send(frames [][]byte) (int, error) {
+	l.mu.Lock()
+	for _, f := range frames {
+		l.out = append(l.out, bytes.Clone(f))
+	}
+	l.mu.Unlock()
+	return len(frames), nil
+}
+
+func (l *capLink) Wake() {
+	if w, ok := l.Link.(xdp.Waker); ok {
+		w.Wake()
+	}
+}
+
+func (l *capLink) take() [][]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	o := l.out
+	l.out = nil
+	return o
+}
+
+// manNet is two endpoints whose frames move only when the test says, on
+// a manual clock: a connect/restart schedule plays the same every time.
+type manNet struct {
+	t      *testing.T
+	clock  *ManualClock
+	la, lb *capLink
+	a, b   *Endpoint
+	giveUp time.Duration
+}
+
+// newManNet opens endpoints a (id 1, key 0xa) and b (id 2, key 0xb);
+// they give up on each other after giveUp of silence.
+func newManNet(t *testing.T, giveUp time.Duration) *manNet {
+	n := &manNet{t: t, clock: &ManualClock{}, giveUp: giveUp}
+	n.clock.Advance(time.Millisecond)
+	ma, mb := xdp.NewPair(xdp.MemConfig{})
+	n.la, n.lb = &capLink{Link: ma}, &capLink{Link: mb}
+	n.a, n.b = n.open(n.la, 1, 0xa), n.open(n.lb, 2, 0xb)
+	t.Cleanup(func() { n.la.Link.Close(); n.lb.Link.Close() })
+	return n
+}
+
+func (n *manNet) open(l *capLink, id uint8, key uint32) *Endpoint {
+	e, err := Open(Config{Link: l, EndpointID: id, Key: key, Clock: n.clock,
+		ConnectRetry: 50 * time.Millisecond, GiveUp: n.giveUp})
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { e.Close() })
+	e.eng.wantDrive.Add(1) // the background driver stays away
+	l.Wake()
+	return e
+}
+
+// restart closes e and opens it again: same address, new self.
+func (n *manNet) restart(e *Endpoint) *Endpoint {
+	l, key := n.la, e.cfg.Key
+	if e == n.b {
+		l = n.lb
+	}
+	e.eng.wantDrive.Add(-1)
+	e.Close()
+	l.take()
+	e2 := n.open(l, e.id, key)
+	if e == n.a {
+		n.a = e2
+	} else {
+		n.b = e2
+	}
+	return e2
+}
+
+// deliver hands frame f to e's engine as its driver would.
+func (n *manNet) deliver(e *Endpoint, f []byte) {
+	g := e.eng
+	g.mu.Lock()
+	g.dispatch(f, g.clock.Now())
+	g.settleAcks()
+	g.flushAndUnlock()
+}
+
+// timers runs e's due timers.
+func (n *manNet) timers(e *Endpoint) {
+	g := e.eng
+	g.mu.Lock()
+	g.runTimers(g.clock.Now())
+	g.flushAndUnlock()
+}
+
+// lockstep moves frames both ways at once, round after round (what each
+// side sent in a round reaches the other in the next: a symmetric delay),
+// until nothing moves; it reports the frames moved.
+func (n *manNet) lockstep() int {
+	moved := 0
+	for range 1000 {
+		fa, fb := n.la.take(), n.lb.take()
+		if len(fa)+len(fb) == 0 {
+			return moved
+		}
+		moved += len(fa) + len(fb)
+		for _, f := range fa {
+			n.deliver(n.b, f)
+		}
+		for _, f := range fb {
+			n.deliver(n.a, f)
+		}
+	}
+	n.t.Fatal("frames keep moving")
+	return moved
+}
+
+// ids returns the generations of e's id and of the id it knows of o, and
+// whether e is connected to o.
+func (n *manNet) ids(e, o *Endpoint) (l, r uint32, conn bool) {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	p := e.peers[o.Addr()]
+	if p == nil {
+		return
+	}
+	return p.localGen, p.remoteGen, p.connected
+}
