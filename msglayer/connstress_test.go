@@ -585,8 +585,8 @@ func (r *csRun) peerState(a, b int) string {
 	if p == nil {
 		return "none"
 	}
-	return fmt.Sprintf("connected %v dead %v ids %#x,%#x next %d acked %d expected %d lastConnID %d",
-		p.connected, p.dead, p.localID, p.remoteID, p.nextSeq, p.acked, p.expected, p.lastConnID)
+	return fmt.Sprintf("connected %v dead %v ids %#x,%#x next %d acked %d expected %d taken %+v",
+		p.connected, p.dead, p.localID, p.remoteID, p.nextSeq, p.acked, p.expected, p.taken)
 }
 
 // sendOutcome describes how the send of receive q ended.

@@ -15,17 +15,16 @@ type peer struct {
 	// the peer's as we last learned it (0: never), with their generations.
 	localID, localGen   uint32
 	remoteID, remoteGen uint32
-	// lastConnID is the newest connect of the peer's self that we took
-	// (0: none); a late copy of an older one does not pair us again.
-	// leftSelf and leftConnID are the same of the self of the peer we
-	// last left for another.
-	lastConnID           uint32
-	leftSelf, leftConnID uint32
-	connected            bool      // paired with remoteID: a connect or its reply named it
-	dead                 bool      // retransmissions gave up: sends fail until a new connect
-	local                *Endpoint // same-process endpoint: messages skip the NIC
-	mtu                  int       // frames to the peer: the smaller of both MTUs
-	tm                   timer     // in ep.timers while it has frames in flight or an ack due
+	// taken and prevTaken are the last two connects of the peer that we
+	// took (the id each came from, 0 for none, and its connect id): a
+	// late copy of one, or an older connect of the same id, pairs us
+	// nothing (isCopy).
+	taken, prevTaken connTaken
+	connected        bool      // paired with remoteID: a connect or its reply named it
+	dead             bool      // retransmissions gave up: sends fail until a new connect
+	local            *Endpoint // same-process endpoint: messages skip the NIC
+	mtu              int       // frames to the peer: the smaller of both MTUs
+	tm               timer     // in ep.timers while it has frames in flight or an ack due
 
 	// Send side: frames nextSeq-acked in flight, in the window.
 	nextSeq  uint32
@@ -189,6 +188,30 @@ func (p *peer) older(x, gen uint32) bool {
 	return p.sameSelf(x, gen) && int32(gen-p.remoteGen) < 0
 }
 
+// connTaken is a connect we took: the id it came from and its connect id.
+type connTaken struct{ from, connID uint32 }
+
+// isCopy reports whether connect connID from id x is a copy of a connect
+// we took, or an older connect of the same id. A copy always comes from
+// the id of its first: a new id sends its pending connects again as new
+// ones (newID).
+func (p *peer) isCopy(x, connID uint32) bool {
+	for _, t := range [2]connTaken{p.taken, p.prevTaken} {
+		if t.from != 0 && x == t.from && int32(connID-t.connID) <= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// took records that we took connect connID from id x.
+func (p *peer) took(x, connID uint32) {
+	if x != p.taken.from {
+		p.prevTaken = p.taken
+	}
+	p.taken = connTaken{x, connID}
+}
+
 // reset forgets the exchange with the peer: it gave up on it, this side
 // disconnected, or the peer said it does not know our id. Pending
 // operations with the peer complete with code; the record takes a new id
@@ -215,15 +238,6 @@ func (p *peer) pair(x, gen uint32) {
 	sameSelf := p.sameSelf(x, gen)
 	if leaving {
 		p.clear(BadSession)
-	}
-	if !sameSelf {
-		// A new self numbers its connects anew. The one we leave is
-		// remembered with its last connect: its late copies must not
-		// take us back.
-		if p.remoteID != 0 {
-			p.leftSelf, p.leftConnID = p.remoteID-p.remoteGen, p.lastConnID
-		}
-		p.lastConnID = 0
 	}
 	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil

@@ -141,20 +141,14 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	} else {
 		p := e.peerFor(src)
 		x, xgen := h.srcSession, h.seq
-		newer := true // not a copy of a connect we took
-		switch {
-		case p.sameSelf(x, xgen):
-			newer = p.lastConnID == 0 || int32(connID-p.lastConnID) > 0
-		case p.leftSelf != 0 && x-xgen == p.leftSelf:
-			newer = p.leftConnID == 0 || int32(connID-p.leftConnID) > 0
-		}
+		copied := p.isCopy(x, connID)
 		switch {
 		case p.connected && p.is(x, xgen):
 			// A copy, or another connect of the id we are paired with.
 		case p.connected && p.older(x, xgen):
 			e.stats.StaleFrames++ // its sender is gone: nobody waits for the answer
 			return
-		case !newer:
+		case copied:
 			// A copy of a connect we took before: we forgot the peer
 			// since, or the peer moved on. It is over, and must not
 			// pair us again.
@@ -163,8 +157,8 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 			p.pair(x, xgen)
 		}
 		if code == Success {
-			if newer {
-				p.lastConnID = connID
+			if !copied {
+				p.took(x, connID)
 			}
 			p.mtu = negotiateMTU(e.eng.mtu, mtu)
 			p.lastHeard = now
