@@ -115,12 +115,7 @@ func TestLockstepConnects(t *testing.T) {
 			for i, d := range [][2]*Endpoint{{a, b}, {b, a}} {
 				r, _ := d[1].Irecv(uint64(9+i), ^uint64(0), [][]byte{make([]byte, 10)}, nil)
 				s, _ := d[0].Isend(d[1].Addr(), uint64(9+i), [][]byte{[]byte("0123456789")}, nil)
-				for range 10 {
-					n.lockstep()
-					n.clock.Advance(time.Millisecond)
-					n.timers(a)
-					n.timers(b)
-				}
+				n.settle(10, time.Millisecond)
 				st, ok1, _ := d[0].Test(s)
 				rt, ok2, _ := d[1].Test(r)
 				t.Logf("message %d: send %v %v, receive %v %v", i, ok1, st.Code, ok2, rt.Code)
@@ -198,12 +193,7 @@ func TestOldSelfCopiesFlipFlop(t *testing.T) {
 	tears := 0
 	for i, copy := range [][]byte{c1[0], c2[0]} {
 		r, _ := b2.IConnect(a.Addr(), 0xa, nil)
-		for range 5 {
-			n.lockstep()
-			n.clock.Advance(50 * time.Millisecond)
-			n.timers(a)
-			n.timers(b2)
-		}
+		n.settle(5, 50*time.Millisecond)
 		if st, ok, _ := b2.Test(r); !ok || st.Code != Success {
 			t.Fatalf("b2's connect %d: %v %v", i, ok, st.Code)
 		}

@@ -232,21 +232,11 @@ func (x *explorer) heal(rounds int) error {
 			for _, e := range []*Endpoint{x.a, x.b} {
 				x.send(e)
 			}
-			for range 20 {
-				x.lockstep()
-				x.clock.Advance(5 * time.Millisecond)
-				x.timers(x.a)
-				x.timers(x.b)
-			}
+			x.settle(20, 5*time.Millisecond)
 			if err := x.checkSafety(); err != nil {
 				return err
 			}
-			for range 200 {
-				x.lockstep()
-				x.clock.Advance(10 * time.Millisecond)
-				x.timers(x.a)
-				x.timers(x.b)
-			}
+			x.settle(200, 10*time.Millisecond)
 			if err := x.checkSafety(); err != nil {
 				return err
 			}

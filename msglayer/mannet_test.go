@@ -131,6 +131,17 @@ func (n *manNet) lockstep() int {
 	return moved
 }
 
+// settle runs rounds of lockstep, each followed by step of the clock and
+// both endpoints' timers.
+func (n *manNet) settle(rounds int, step time.Duration) {
+	for range rounds {
+		n.lockstep()
+		n.clock.Advance(step)
+		n.timers(n.a)
+		n.timers(n.b)
+	}
+}
+
 // ids returns the generations of e's id and of the id it knows of o, and
 // whether e is connected to o.
 func (n *manNet) ids(e, o *Endpoint) (l, r uint32, conn bool) {

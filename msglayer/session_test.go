@@ -519,27 +519,12 @@ func TestConnectCopyAfterDisconnect(t *testing.T) {
 }
 
 // checkDelivered sends one 10-byte message from one endpoint to another
-// and fails the test when the send succeeds but the message never
-// arrives: the loss a connection whose two sides number differently
-// causes.
+// and fails the test, showing both records, when it does not arrive (a
+// connection whose two sides number differently acks it unseen).
 func checkDelivered(t *testing.T, from, to *Endpoint, match uint64) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	r, err := to.Irecv(match, ^uint64(0), [][]byte{make([]byte, 10)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := from.Isend(to.Addr(), match, [][]byte{[]byte("0123456789")}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, serr := from.Wait(ctx, s)
-	rctx, rcancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer rcancel()
-	if _, rerr := to.Wait(rctx, r); rerr != nil {
-		to.Cancel(r)
-		t.Errorf("%v to %v: send %v, receive %v\n%v: %s%v: %s", from.Addr(), to.Addr(), serr, rerr,
+	if err := sendAndWait(t, from, to, match, 2*time.Second); err != nil {
+		t.Errorf("%v to %v: %v\n%v: %s%v: %s", from.Addr(), to.Addr(), err,
 			from.Addr(), from.DebugPeer(to.Addr()), to.Addr(), to.DebugPeer(from.Addr()))
 	}
 }
