@@ -322,19 +322,9 @@ func (x *explorer) dump() string {
 	return s
 }
 
+// lockstepLog is lockstep with every frame it moves in the log.
 func (x *explorer) lockstepLog() {
-	for range 1000 {
-		fa, fb := x.la.take(), x.lb.take()
-		if len(fa)+len(fb) == 0 {
-			return
-		}
-		for _, f := range fa {
-			x.logf("  ls to B: %s", frameDesc(f))
-			x.deliver(x.b, f)
-		}
-		for _, f := range fb {
-			x.logf("  ls to A: %s", frameDesc(f))
-			x.deliver(x.a, f)
-		}
-	}
+	x.trace = func(to *Endpoint, f []byte) { x.logf("  ls to %s: %s", x.name(to), frameDesc(f)) }
+	defer func() { x.trace = nil }()
+	x.lockstep()
 }

@@ -48,6 +48,8 @@ type manNet struct {
 	la, lb *capLink
 	a, b   *Endpoint
 	giveUp time.Duration
+	// trace, if set, sees each frame lockstep delivers, before e does.
+	trace func(to *Endpoint, f []byte)
 }
 
 // newManNet opens endpoints a (id 1, key 0xa) and b (id 2, key 0xb);
@@ -121,14 +123,21 @@ func (n *manNet) lockstep() int {
 		}
 		moved += len(fa) + len(fb)
 		for _, f := range fa {
-			n.deliver(n.b, f)
+			n.traceDeliver(n.b, f)
 		}
 		for _, f := range fb {
-			n.deliver(n.a, f)
+			n.traceDeliver(n.a, f)
 		}
 	}
 	n.t.Fatal("frames keep moving")
 	return moved
+}
+
+func (n *manNet) traceDeliver(e *Endpoint, f []byte) {
+	if n.trace != nil {
+		n.trace(e, f)
+	}
+	n.deliver(e, f)
 }
 
 // settle runs rounds of lockstep, each followed by step of the clock and
