@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -324,9 +325,18 @@ func (e *Endpoint) Irecv(info, mask uint64, segs [][]byte, ctx any) (Request, er
 	return e.irecv(info, mask, segs, ctx, nil)
 }
 
-func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) (Request, error) {
+// checkMatch refuses a pair that no match info can satisfy: info with a
+// bit outside mask.
+func checkMatch(info, mask uint64) error {
 	if info&^mask != 0 {
-		return Request{}, &ArgError{Arg: fmt.Sprintf("match info %#x (mask %#x)", info, mask), Err: ErrBadMatchMask}
+		return &ArgError{Arg: fmt.Sprintf("match info %#x (mask %#x)", info, mask), Err: ErrBadMatchMask}
+	}
+	return nil
+}
+
+func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) (Request, error) {
+	if err := checkMatch(info, mask); err != nil {
+		return Request{}, err
 	}
 	if c := e.match.ctxBits(); mask&c != c {
 		return Request{}, &ArgError{Arg: fmt.Sprintf("mask %#x (context id bits %#x)", mask, c), Err: ErrBadMatchMask}
@@ -433,7 +443,8 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 }
 
 // TestAny completes the oldest finished request (not in a group) whose
-// match info m satisfies m&mask == info.
+// match info m satisfies m&mask == info. With a bit of info outside mask
+// nothing fits: false (WaitAny refuses such a pair).
 func (e *Endpoint) TestAny(info, mask uint64) (Status, bool) {
 	g := e.eng
 	g.mu.Lock()
@@ -453,8 +464,12 @@ func (e *Endpoint) TestAny(info, mask uint64) (Status, bool) {
 var testHookWaitAny func()
 
 // WaitAny waits for a request (not in a group) whose match info fits
-// (info, mask) to complete, and completes it.
+// (info, mask) to complete, and completes it. A pair with a bit of info
+// outside mask, which nothing fits, is refused (ErrBadMatchMask).
 func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, error) {
+	if err := checkMatch(info, mask); err != nil {
+		return Status{}, err
+	}
 	g := e.eng
 	for {
 		// Look, register as a waiter and note the completion count under
@@ -541,6 +556,8 @@ func (e *Endpoint) Peek(ctx context.Context) (Request, error) {
 
 // Iprobe reports whether an unexpected message fitting (info, mask) has
 // arrived, without receiving it. Status.Code is Success, MsgLen its length.
+// With a bit of info outside mask nothing fits: false (Probe refuses such
+// a pair).
 func (e *Endpoint) Iprobe(info, mask uint64) (Status, bool) {
 	g := e.eng
 	g.mu.Lock()
@@ -552,8 +569,13 @@ func (e *Endpoint) Iprobe(info, mask uint64) (Status, bool) {
 	return Status{Source: u.src.addr, Match: u.match, MsgLen: int(u.msgLen)}, true
 }
 
-// Probe waits for an unexpected message fitting (info, mask).
+// Probe waits for an unexpected message fitting (info, mask). A pair
+// with a bit of info outside mask, which nothing fits, is refused
+// (ErrBadMatchMask).
 func (e *Endpoint) Probe(ctx context.Context, info, mask uint64) (Status, error) {
+	if err := checkMatch(info, mask); err != nil {
+		return Status{}, err
+	}
 	g := e.eng
 	var st Status
 	var ok bool
@@ -674,6 +696,57 @@ type groupQueue struct {
 	q    doneQueue    // guarded by the engine lock
 	n    atomic.Int64 // requests in q: a waiter peeks at it without the lock
 	wake chan struct{}
+	// views are the endpoints the group's views post on, and waiting
+	// counts the goroutines in Wait: while there are some, the group is
+	// in each open view's groupWaiting, so that its Close wakes them.
+	// +checklocks:eng.mu
+	views []*Endpoint
+	// +checklocks:eng.mu
+	waiting int
+	// shut is set (under the engine lock) when the last open view closes
+	// while goroutines wait: a waiter looks at it without the lock.
+	shut atomic.Bool
+}
+
+// viewsClosed reports whether every endpoint of the group is closed: no
+// request can complete into it any more.
+//
+// +checklocks:gr.eng.mu
+func (gr *groupQueue) viewsClosed() bool {
+	for _, e := range gr.views {
+		if !e.closed {
+			return false
+		}
+	}
+	return true
+}
+
+// watch counts a goroutine in Wait; the first one puts the group in its
+// open views' groupWaiting.
+//
+// +checklocks:gr.eng.mu
+func (gr *groupQueue) watch() {
+	if gr.waiting++; gr.waiting == 1 {
+		for _, e := range gr.views {
+			if !e.closed {
+				e.groupWaiting = append(e.groupWaiting, gr)
+			}
+		}
+	}
+}
+
+// unwatch ends a goroutine's Wait; the last one takes the group out of
+// its views' groupWaiting.
+//
+// +checklocks:gr.eng.mu
+func (gr *groupQueue) unwatch() {
+	if gr.waiting--; gr.waiting == 0 {
+		for _, e := range gr.views {
+			if i := slices.Index(e.groupWaiting, gr); i >= 0 {
+				e.groupWaiting = slices.Delete(e.groupWaiting, i, i+1)
+			}
+		}
+	}
 }
 
 // push queues the completed request r. The caller holds the engine lock.
@@ -693,7 +766,11 @@ func (gr *groupQueue) remove(r *request) {
 
 // NewGroup makes a completion group on the endpoint.
 func (e *Endpoint) NewGroup() *Group {
-	return &Group{e: e, groupQueue: &groupQueue{eng: e.eng, wake: make(chan struct{}, 1)}}
+	gq := &groupQueue{eng: e.eng, wake: make(chan struct{}, 1)}
+	e.eng.mu.Lock()
+	gq.views = []*Endpoint{e}
+	e.eng.mu.Unlock()
+	return &Group{e: e, groupQueue: gq}
 }
 
 // On returns a view of the group through which requests of endpoint e
@@ -704,6 +781,15 @@ func (gr *Group) On(e *Endpoint) (*Group, error) {
 	if e.eng != gr.eng {
 		return nil, &ArgError{Arg: fmt.Sprintf("endpoint %v for a group of %v", e.Addr(), gr.e.Addr()), Err: ErrOtherLink}
 	}
+	g := gr.eng
+	g.mu.Lock()
+	if !slices.Contains(gr.views, e) {
+		gr.views = append(gr.views, e)
+		if gr.waiting > 0 && !e.closed {
+			e.groupWaiting = append(e.groupWaiting, gr.groupQueue)
+		}
+	}
+	g.mu.Unlock()
 	return &Group{e: e, groupQueue: gr.groupQueue}, nil
 }
 
@@ -738,17 +824,30 @@ func (gr *Group) Test() (Status, bool) {
 }
 
 // Wait waits for a request of the group to complete and completes it.
+// Once every endpoint of the group is closed and its completions are
+// taken, it returns ErrClosed.
 func (gr *Group) Wait(ctx context.Context) (Status, error) {
 	g := gr.eng
 	for {
 		if st, ok := gr.Test(); ok {
 			return st, st.Err()
 		}
+		g.mu.Lock()
+		if gr.q.head == nil && gr.viewsClosed() {
+			g.mu.Unlock()
+			return Status{}, ErrClosed
+		}
+		gr.shut.Store(false)
+		gr.watch()
+		g.mu.Unlock()
 		err := g.waitFor(ctx, func() bool {
 			// The queue head is read without the lock only as a hint; Test
 			// above rechecks under it.
-			return gr.n.Load() > 0
+			return gr.n.Load() > 0 || gr.shut.Load()
 		}, gr.wake)
+		g.mu.Lock()
+		gr.unwatch()
+		g.mu.Unlock()
 		if err != nil {
 			return Status{}, err
 		}

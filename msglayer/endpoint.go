@@ -93,6 +93,12 @@ type Config struct {
 	// a Group's Wait) nor Close, which waits for that goroutine. A message
 	// whose sender is disconnected (or resets) while the handler runs is
 	// dropped with the rest of the exchange.
+	//
+	// A message from an endpoint of the same process (or from this one)
+	// does not come through the link: the handler runs in the sender's
+	// Isend or Issend, on the sender's goroutine, also without the engine
+	// lock. Such calls may overlap one another and the driver's, so a
+	// handler that same-process senders reach must guard its own state.
 	UnexpectedHandler func(UnexpectedMessage) HandlerAction
 
 	// ContextIDBits (0..8) bits of the match info, starting at bit
@@ -109,8 +115,9 @@ type UnexpectedMessage struct {
 	Source Addr
 	Match  uint64
 	Length int
-	// Data is the message when it fits in one frame (valid only during the
-	// call), nil otherwise.
+	// Data is the message when it was sent eagerly in one frame (valid
+	// only during the call), nil otherwise (more than one frame, a
+	// rendezvous message, an Issend).
 	Data []byte
 }
 
@@ -281,6 +288,10 @@ type Endpoint struct {
 	anyWaiting []*anyWaiter
 	// +checklocks:eng.mu
 	anyFree []*anyWaiter // idle records, for the next waits
+	// groupWaiting: the groups with this endpoint among their views and
+	// goroutines in their Wait (groupQueue.watch); Close wakes them.
+	// +checklocks:eng.mu
+	groupWaiting []*groupQueue
 }
 
 // anyWaiter is one goroutine waiting in WaitAny, Peek or Probe.
@@ -290,35 +301,36 @@ type anyWaiter struct {
 
 // Counters are an endpoint's statistics.
 type Counters struct {
-	FramesIn, FramesOut     uint64 // FramesOut: first sends (host queries and connects included)
-	BytesIn, BytesOut       uint64
-	Retransmits             uint64 // frames sent again (not in FramesOut)
-	Duplicates              uint64 // reliable frames received twice
-	OutOfOrder              uint64 // frames held until the ones before them arrived
-	AcksOut, AcksIn         uint64 // explicit acks
-	AcksBundled             uint64 // of AcksOut, those that rode in a frame to another peer (an ack bundle, tAcks, or a pull request)
-	Unexpected              uint64 // messages that matched no posted receive
-	UnexpectedBytes         uint64 // eager bytes held for them
-	UnexpectedBytesNow      int    // held now
-	Pulls                   uint64 // rendezvous pulls started
-	PullRequests            uint64 // pull requests sent (re-requests included)
-	PullReplies             uint64 // data frames sent for pulls
-	PullProbes              uint64 // pull blocks whose last missing frame was asked for again: their pull went quiet
-	PullReRequests          uint64 // pull blocks whose missing frames were asked for again: found lost (a later block or a probe came first)
-	PullRepliesLate         uint64 // pull data frames that arrived when no longer wanted (answers to a probe or re-request, duplicates)
-	PullBudgetWaits         uint64 // times a pull waited for the engine's pull budget (frames asked for and not arrived, shared by its endpoints)
-	EagerRefused            uint64 // eager messages refused for want of memory
-	EagerConverted          uint64 // our eager sends the receiver refused, resent as rendezvous
-	BadFrames               uint64 // frames that did not decode or named nothing here
-	StaleFrames             uint64 // frames of a dead session
-	BeyondWindow            uint64 // reliable frames too far ahead
-	PeersDead               uint64
-	Sends, Recvs, Completed uint64
-	Gets, Puts              uint64 // one-sided operations started here
-	PutsIn                  uint64 // Puts peers made into our regions
-	RegionRefused           uint64 // region accesses refused (unknown id, wrong key, out of bounds)
-	GatheredReplies         uint64 // pull replies sent from a lent Buffer where it lies
-	BufferFallbacks         uint64 // AllocBuffer calls that got ordinary memory: the link's buffer area was full
+	FramesIn, FramesOut uint64 // FramesOut: first sends (host queries and connects included)
+	BytesIn, BytesOut   uint64
+	Retransmits         uint64 // frames sent again (not in FramesOut)
+	Duplicates          uint64 // reliable frames received twice
+	OutOfOrder          uint64 // frames held until the ones before them arrived
+	AcksOut, AcksIn     uint64 // explicit acks
+	AcksBundled         uint64 // of AcksOut, those that rode in a frame to another peer (an ack bundle, tAcks, or a pull request)
+	Unexpected          uint64 // messages that matched no posted receive
+	UnexpectedBytes     uint64 // eager bytes held for them
+	UnexpectedBytesNow  int    // held now
+	Pulls               uint64 // rendezvous pulls started
+	PullRequests        uint64 // pull requests sent (re-requests included)
+	PullReplies         uint64 // data frames sent for pulls
+	PullProbes          uint64 // pull blocks whose last missing frame was asked for again: their pull went quiet
+	PullReRequests      uint64 // pull blocks whose missing frames were asked for again: found lost (a later block or a probe came first)
+	PullRepliesLate     uint64 // pull data frames that arrived when no longer wanted (answers to a probe or re-request, duplicates)
+	PullBudgetWaits     uint64 // times a pull waited for the engine's pull budget (frames asked for and not arrived, shared by its endpoints)
+	EagerRefused        uint64 // eager messages refused for want of memory
+	EagerConverted      uint64 // our eager sends the receiver refused, resent as rendezvous
+	BadFrames           uint64 // frames that did not decode or named nothing here
+	StaleFrames         uint64 // frames of a dead session
+	BeyondWindow        uint64 // reliable frames too far ahead
+	PeersDead           uint64
+	Sends, Recvs        uint64
+	Completed           uint64 // the user's requests completed (sends, receives, connects, Gets, Puts), Forgotten ones too
+	Gets, Puts          uint64 // one-sided operations started here
+	PutsIn              uint64 // Puts peers made into our regions
+	RegionRefused       uint64 // region accesses refused (unknown id, wrong key, out of bounds)
+	GatheredReplies     uint64 // pull replies sent from a lent Buffer where it lies
+	BufferFallbacks     uint64 // AllocBuffer calls that got ordinary memory: the link's buffer area was full
 }
 
 // Open opens an endpoint.
@@ -519,8 +531,18 @@ func (e *Endpoint) Close() error {
 	}
 	e.closed = true
 	// Whoever waits for any completion learns of the close at once,
-	// pending requests or not.
+	// pending requests or not; so do the waiters of a group whose last
+	// open endpoint this was.
 	e.notifyAny()
+	for _, gq := range e.groupWaiting {
+		if gq.viewsClosed() {
+			gq.shut.Store(true)
+			select {
+			case gq.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
 	// Acks owed are sent now: a peer whose last message we took (a
 	// goodbye, say) learns it arrived instead of retransmitting into a
 	// closed endpoint until its send gives up. Lazy ones too: as if
@@ -615,7 +637,9 @@ func (e *Endpoint) complete(r *request, code Code) {
 	if code == Success && r.kind == kindRecv && r.status.XferLen < r.status.MsgLen {
 		r.status.Code = Truncated
 	}
-	e.stats.Completed++
+	if r.kind != kindNotify && r.kind != kindPutTarget {
+		e.stats.Completed++ // the user's requests only
+	}
 	if r.forgotten {
 		e.release(r) // no handle is left to look at it
 		return

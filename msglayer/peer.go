@@ -335,10 +335,16 @@ func (p *peer) failAll(code Code) {
 	p.abandonIn(code)
 	// Unexpected messages whose data will never come: rendezvous records
 	// (the data was at the peer) and eager messages still incomplete. A
-	// complete eager message is kept: its data is here.
+	// complete eager message is kept: its data is here. A same-process
+	// sender learns what a sender over the network would: that we are
+	// gone (unreachable), or that the exchange was dropped.
+	sendCode := Aborted
+	if code == Closed {
+		sendCode = Unreachable
+	}
 	e.match.eachUnexp(func(u *unexp) {
 		if u.src == p && !(u.localSend == nil && !u.rndv && u.complete()) {
-			e.dropUnexp(u)
+			e.dropUnexp(u, sendCode)
 		}
 	})
 }
@@ -354,7 +360,7 @@ func (p *peer) abandonIn(code Code) {
 			e.complete(p.in.recv, code)
 		}
 		if u := p.in.u; u != nil {
-			e.dropUnexp(u)
+			e.dropUnexp(u, Aborted) // a network message: no local send
 		}
 	}
 	p.in = inMsg{}

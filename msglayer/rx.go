@@ -483,15 +483,16 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 }
 
 // dropUnexp removes an unexpected message whose data will never be
-// complete, returning its memory to the bound.
+// complete, returning its memory to the bound. A same-process send whose
+// record it was completes with sendCode.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) dropUnexp(u *unexp) {
+func (e *Endpoint) dropUnexp(u *unexp, sendCode Code) {
 	e.match.removeUnexp(u)
 	switch {
 	case u.localSend != nil:
 		e.unexpRndv--
-		u.localSend.ep.complete(u.localSend, Aborted)
+		u.localSend.ep.complete(u.localSend, sendCode)
 	case u.rndv:
 		e.unexpRndv--
 	default:

@@ -103,24 +103,47 @@ func (e *Endpoint) sendLocal(p *peer, r *request) {
 	t := p.local
 	tp := t.peers[e.addr]
 	if t.closed || tp == nil {
-		e.complete(r, Closed)
+		// Gone, or it forgot us: as over the network, where the send
+		// would go unanswered until it gave up. Closed would say that
+		// this endpoint closed.
+		e.complete(r, Unreachable)
 		return
 	}
 	if rr := t.match.arrive(r.match); rr != nil {
 		t.deliverLocal(r, rr, e.addr)
 		return
 	}
+	// The handler sees what it would over the network: the data of a
+	// message that would go in one eager frame (gathered; the copy is
+	// the unexpected message's if the handler lets it queue).
 	var data []byte
-	if len(r.segs) == 1 && r.length <= p.eagerPayload() {
-		data = r.segs[0]
+	if t.cfg.UnexpectedHandler != nil && !r.sync && r.length <= p.eagerPayload() {
+		if len(r.segs) == 1 {
+			data = r.segs[0]
+		} else {
+			data = make([]byte, r.length)
+			copyFromSegs(data, r.segs, 0)
+		}
 	}
 	act, ok := t.callHandler(tp, r.match, r.length, data)
-	if !ok || e.closed {
+	switch {
+	case e.closed:
 		e.complete(r, Closed)
+		return
+	case !ok && t.closed:
+		e.complete(r, Unreachable)
+		return
+	case !ok: // the exchange was forgotten meanwhile
+		e.complete(r, Aborted)
 		return
 	}
 	if act == Finished {
-		r.status.XferLen = 0
+		// As over the network: an eager message was taken whole; a
+		// rendezvous one, whose data stays here, had none delivered.
+		r.status.XferLen = r.length
+		if r.sync || r.length > e.cfg.RendezvousThreshold {
+			r.status.XferLen = 0
+		}
 		e.complete(r, Success)
 		return
 	}
@@ -130,8 +153,10 @@ func (e *Endpoint) sendLocal(p *peer, r *request) {
 	}
 	u := &unexp{src: tp, match: r.match, msgLen: uint32(r.length)}
 	if !r.sync && r.length <= e.cfg.RendezvousThreshold && t.unexpBytes+r.length <= t.cfg.UnexpectedBytes {
-		u.data = make([]byte, r.length)
-		copyFromSegs(u.data, r.segs, 0)
+		if u.data = data; len(r.segs) == 1 || data == nil {
+			u.data = make([]byte, r.length)
+			copyFromSegs(u.data, r.segs, 0)
+		}
 		u.received = u.msgLen
 		t.unexpBytes += r.length
 		t.stats.UnexpectedBytes += uint64(r.length)

@@ -88,12 +88,18 @@ var (
 
 // Status describes a completed request (MX's mx_status_t).
 type Status struct {
-	Code    Code
-	Source  Addr   // the peer: sender of a receive, destination of a send
-	Match   uint64 // match info of the message
-	MsgLen  int    // length the sender sent
-	XferLen int    // length delivered
-	Context any    // the context given when the request was posted
+	Code   Code
+	Source Addr   // the peer: sender of a receive, destination of a send
+	Match  uint64 // match info of the message
+	MsgLen int    // length the sender sent
+	// XferLen is the length delivered. A send learns it when it completes
+	// after its receive matched (a rendezvous message, Issend, a
+	// same-process send that found its receive posted); one that completes
+	// before (an eager message, acknowledged or buffered by the receiver,
+	// or taken by its unexpected-message handler) reports its whole length.
+	// A rendezvous message the receiver's handler took had 0 delivered.
+	XferLen int
+	Context any // the context given when the request was posted
 }
 
 // Err returns nil for Success and an error matching the code otherwise,

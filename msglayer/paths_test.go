@@ -1,0 +1,299 @@
+package msglayer_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// The tests of this file hold the same-process path to what the network
+// path does, where the two used to differ: the sender's XferLen, the
+// unexpected-message handler's Data, the codes of sends to an endpoint
+// that closed, and the counters.
+
+// threeEPs opens a and b on two links, and c on a's link (a's
+// same-process peer), with a connected to both.
+func threeEPs(t *testing.T, cfg msglayer.Config, h func(msglayer.UnexpectedMessage) msglayer.HandlerAction) (a, b, c *msglayer.Endpoint, l1 *xdp.MemLink) {
+	t.Helper()
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l0, l1 := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { l0.Close(); l1.Close() })
+	rc := cfg
+	rc.UnexpectedHandler = h
+	a = openEP(t, withLink(cfg, l0, 1, 1))
+	b = openEP(t, withLink(rc, l1, 2, 2))
+	c = openEP(t, withLink(rc, l0, 3, 3))
+	ctx := ctxFor(t, 10*time.Second)
+	for _, p := range []*msglayer.Endpoint{b, c} {
+		if err := a.Connect(ctx, p.Addr(), uint32(p.Addr().EP)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return a, b, c, l1
+}
+
+func withLink(c msglayer.Config, l xdp.Link, id uint8, key uint32) msglayer.Config {
+	c.Link, c.EndpointID, c.Key = l, id, key
+	return c
+}
+
+// TestSendXferLen checks the sender's XferLen as Status documents it: a
+// send that completes after its receive matched reports what was
+// delivered, one that completes before (eager) its whole length, on
+// both paths.
+func TestSendXferLen(t *testing.T) {
+	a, b, c, _ := threeEPs(t, msglayer.Config{}, nil)
+	ctx := ctxFor(t, 10*time.Second)
+	for _, tc := range []struct {
+		dst      *msglayer.Endpoint
+		n, xfer  int
+		sync     bool
+		pathName string
+	}{
+		{b, 1000, 1000, false, "network eager"},
+		{b, 100000, 100, false, "network rendezvous"},
+		{b, 1000, 100, true, "network issend"},
+		{c, 1000, 100, false, "same-process, receive posted"},
+		{c, 1000, 100, true, "same-process issend"},
+	} {
+		r, _ := tc.dst.Irecv(0, 0, [][]byte{make([]byte, 100)}, nil)
+		send := a.Isend
+		if tc.sync {
+			send = a.Issend
+		}
+		s, err := send(tc.dst.Addr(), 9, [][]byte{make([]byte, tc.n)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rst, _ := tc.dst.Wait(ctx, r)
+		sst, err := a.Wait(ctx, s)
+		if err != nil || rst.Code != msglayer.Truncated || rst.XferLen != 100 {
+			t.Fatalf("%s: receive %+v, send error %v", tc.pathName, rst, err)
+		}
+		if sst.XferLen != tc.xfer || sst.MsgLen != tc.n {
+			t.Errorf("%s: send MsgLen %d XferLen %d, want %d and %d", tc.pathName, sst.MsgLen, sst.XferLen, tc.n, tc.xfer)
+		}
+	}
+}
+
+// TestHandlerSeesSamePaths checks that the unexpected-message handler
+// gets the same Data, and the sender the same XferLen, whether the
+// message came over the network or from an endpoint of the process.
+func TestHandlerSeesSamePaths(t *testing.T) {
+	var got []string
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		if m.Data == nil {
+			got = append(got, "<nil>")
+		} else {
+			got = append(got, string(m.Data))
+		}
+		return msglayer.Finished
+	}
+	a, b, c, _ := threeEPs(t, msglayer.Config{}, h)
+	ctx := ctxFor(t, 10*time.Second)
+	for _, dst := range []*msglayer.Endpoint{b, c} {
+		// The handler runs on b's driver, or in a's Isend for c: one at
+		// a time here, as each send is waited for.
+		for _, sync := range []bool{false, true} {
+			send := a.Isend
+			if sync {
+				send = a.Issend
+			}
+			s, err := send(dst.Addr(), 1, [][]byte{[]byte("hel"), nil, []byte("lo")}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := 5 // eager: taken whole
+			if sync {
+				want = 0 // rendezvous: its data never left
+			}
+			st, err := a.Wait(ctx, s)
+			if err != nil || st.XferLen != want {
+				t.Errorf("send to %v (issend %v) taken by the handler: %+v, %v", dst.Addr(), sync, st, err)
+			}
+		}
+	}
+	want := []string{"hello", "<nil>", "hello", "<nil>"}
+	if len(got) != len(want) {
+		t.Fatalf("handler saw %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("handler saw %q, want %q (network eager, network issend, same-process eager, same-process issend)", got, want)
+			break
+		}
+	}
+}
+
+// TestHandlerGatheredDataQueues checks that a small multi-segment
+// same-process message the handler lets queue arrives whole.
+func TestHandlerGatheredDataQueues(t *testing.T) {
+	seen := 0
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		if string(m.Data) == "hello" {
+			seen++
+		}
+		return msglayer.Continue
+	}
+	a, _, c, _ := threeEPs(t, msglayer.Config{}, h)
+	ctx := ctxFor(t, 10*time.Second)
+	s, _ := a.Isend(c.Addr(), 1, [][]byte{[]byte("hel"), []byte("lo")}, nil)
+	if _, err := a.Wait(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8)
+	r, _ := c.Irecv(1, ^uint64(0), [][]byte{buf}, nil)
+	st, err := c.Wait(ctx, r)
+	if err != nil || st.XferLen != 5 || string(buf[:5]) != "hello" || seen != 1 {
+		t.Fatalf("got %q, %+v, %v; handler saw the data %d times", buf[:st.XferLen], st, err, seen)
+	}
+}
+
+// TestMatchPairRefused checks that the waits on (info, mask) refuse a
+// pair that nothing fits, as Irecv does, instead of waiting for ever;
+// the looks report nothing.
+func TestMatchPairRefused(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 10*time.Second)
+	s, _ := a.Isend(b.Addr(), 0x11, [][]byte{make([]byte, 8)}, nil)
+	if _, err := b.Probe(ctx, 0x11, ^uint64(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := b.Probe(short, 0x11, 0x0f); !errors.Is(err, msglayer.ErrBadMatchMask) {
+		t.Errorf("Probe(0x11, 0x0f): %v, want ErrBadMatchMask", err)
+	}
+	if _, err := a.WaitAny(short, 0x11, 0x0f); !errors.Is(err, msglayer.ErrBadMatchMask) {
+		t.Errorf("WaitAny(0x11, 0x0f): %v, want ErrBadMatchMask", err)
+	}
+	var ae *msglayer.ArgError
+	if _, err := a.WaitAny(short, 0x11, 0x0f); !errors.As(err, &ae) {
+		t.Errorf("WaitAny(0x11, 0x0f): %v does not name the argument", err)
+	}
+	if _, ok := b.Iprobe(0x11, 0x0f); ok {
+		t.Error("Iprobe(0x11, 0x0f) found a message")
+	}
+	if _, ok := a.TestAny(0x11, 0x0f); ok {
+		t.Error("TestAny(0x11, 0x0f) found a request")
+	}
+}
+
+// TestSendToClosedEndpoint checks that a same-process send whose
+// receiver closed completes Unreachable, as over the network (after the
+// give-up there), and not Closed, which would say the sender closed.
+func TestSendToClosedEndpoint(t *testing.T) {
+	cfg := msglayer.Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 30 * time.Millisecond}
+	a, b, c, l1 := threeEPs(t, cfg, nil)
+	// Another endpoint keeps b's engine (and link) open.
+	openEP(t, withLink(cfg, l1, 4, 4))
+	ctx := ctxFor(t, 10*time.Second)
+	pending := map[string]msglayer.Request{}
+	for name, dst := range map[string]*msglayer.Endpoint{"network": b, "same-process": c} {
+		s, err := a.Issend(dst.Addr(), 1, [][]byte{make([]byte, 8)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending[name] = s
+	}
+	time.Sleep(20 * time.Millisecond)
+	b.Close()
+	c.Close()
+	for name, dst := range map[string]*msglayer.Endpoint{"network": b, "same-process": c} {
+		st, _ := a.Wait(ctx, pending[name])
+		if st.Code != msglayer.Unreachable {
+			t.Errorf("%s issend pending when its receiver closed: %v, want Unreachable", name, st.Code)
+		}
+		s, err := a.Isend(dst.Addr(), 2, [][]byte{make([]byte, 8)}, nil)
+		if err != nil {
+			continue // the peer was forgotten at the give-up: refused at once
+		}
+		if st, _ := a.Wait(ctx, s); st.Code != msglayer.Unreachable {
+			t.Errorf("%s isend after its receiver closed: %v, want Unreachable", name, st.Code)
+		}
+	}
+}
+
+// TestGroupWaitAfterClose checks that a group's Wait returns ErrClosed
+// once its endpoints are closed and its completions taken, both for a
+// goroutine already waiting and for a later call, while another endpoint
+// keeps the engine alive.
+func TestGroupWaitAfterClose(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3})
+	w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5}) // keeps the engine
+	ctx := ctxFor(t, 10*time.Second)
+	g := a.NewGroup()
+	gc, err := g.On(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := g.Irecv(1, ^uint64(0), [][]byte{make([]byte, 8)}, "posted")
+	_ = r
+	waited := make(chan error, 1)
+	go func() {
+		// The receive completes Closed at a's Close; the second Wait
+		// waits on: c is still open.
+		if st, err := g.Wait(ctx); st.Context != "posted" || !errors.Is(err, msglayer.ErrClosed) {
+			waited <- errors.Join(errors.New("first wait"), err)
+			return
+		}
+		_, err := gc.Wait(ctx)
+		waited <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	a.Close()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case err := <-waited:
+		t.Fatalf("the group's wait ended with one of its endpoints open: %v", err)
+	default:
+	}
+	c.Close()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, msglayer.ErrClosed) {
+			t.Fatalf("waiting group, its endpoints closed: %v, want ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the group's wait did not end at the close of its endpoints")
+	}
+	if _, err := g.Wait(ctx); !errors.Is(err, msglayer.ErrClosed) {
+		t.Fatalf("group wait after close: %v, want ErrClosed", err)
+	}
+	_ = b
+}
+
+// TestCompletedCountsUserRequests checks that Counters.Completed counts
+// the user's requests only, not the notify a rendezvous receive sends.
+func TestCompletedCountsUserRequests(t *testing.T) {
+	a, b, c, _ := threeEPs(t, msglayer.Config{}, nil)
+	ctx := ctxFor(t, 10*time.Second)
+	for _, dst := range []*msglayer.Endpoint{b, c} {
+		before := dst.Counters().Completed
+		for _, n := range []int{100, 100000} {
+			s, _ := a.Isend(dst.Addr(), 1, [][]byte{make([]byte, n)}, nil)
+			r, _ := dst.Irecv(1, ^uint64(0), [][]byte{make([]byte, n)}, nil)
+			if _, err := dst.Wait(ctx, r); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Wait(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The notify's ack arrives after the send completes.
+		time.Sleep(50 * time.Millisecond)
+		if got := dst.Counters().Completed - before; got != 2 {
+			t.Errorf("receiver %v: Completed +%d for two receives", dst.Addr(), got)
+		}
+	}
+}
