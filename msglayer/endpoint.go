@@ -463,6 +463,11 @@ func openLink(cfg *Config) (xdp.Link, string, error) {
 		if err == nil {
 			return l, "AF_XDP", nil
 		}
+		if errors.Is(err, xdp.ErrQueueBusy) {
+			// An AF_PACKET socket would hear nothing: the other socket's
+			// steering program takes the stack's frames.
+			return nil, "", fmt.Errorf("msglayer: open %s: %w: it takes every frame of the stack's EtherType, so AF_PACKET would receive none; open more endpoints (other endpoint ids) in that process instead, or stop it (xmx info lists the processes)", cfg.Interface, err)
+		}
 		l2, err2 := openPacket()
 		if err2 != nil {
 			return nil, "", fmt.Errorf("msglayer: open %s: AF_XDP: %v; AF_PACKET: %w", cfg.Interface, err, err2)

@@ -474,7 +474,11 @@ func (l *AFXDPLink) bind(mode BindMode) error {
 	}
 	switch mode {
 	case BindCopy:
-		return l.sgBindErr(try(unix.XDP_COPY, l.sg))
+		err := l.sgBindErr(try(unix.XDP_COPY, l.sg))
+		if errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("%w (%w)", ErrQueueBusy, err)
+		}
+		return err
 	case BindZeroCopy:
 		if err := zeroCopy(); err != nil {
 			return fmt.Errorf("zero-copy: %w", l.sgBindErr(err))
@@ -486,6 +490,10 @@ func (l *AFXDPLink) bind(mode BindMode) error {
 		if err == nil {
 			l.zeroCopy = true
 			return nil
+		}
+		if errors.Is(err, unix.EBUSY) {
+			// Not a refusal of zero-copy: copy mode would be refused too.
+			return fmt.Errorf("%w (%w)", ErrQueueBusy, err)
 		}
 		if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.EPROTONOSUPPORT) {
 			return fmt.Errorf("zero-copy: %w", err)

@@ -300,6 +300,10 @@ var (
 	ErrFrameTooShort = errors.New("frame shorter than an Ethernet header")
 	// ErrNotSupported: the kernel or the interface lacks the feature.
 	ErrNotSupported = errors.New("not supported")
+	// ErrQueueBusy: another AF_XDP socket (of another process) is bound
+	// to the queue. Its steering program takes every frame of the
+	// EtherType there, so no other socket of this host would receive.
+	ErrQueueBusy = errors.New("queue taken by another AF_XDP socket")
 	// ErrTxStalled: the link could not queue a frame within its send
 	// timeout (the kernel stopped taking frames: interface down, queue stuck).
 	ErrTxStalled = errors.New("transmit stalled")

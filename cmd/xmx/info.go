@@ -87,7 +87,8 @@ counters of every xmx endpoint open on this machine: each process with open
 endpoints publishes them on a Unix socket in the run directory
 ($XMX_RUN_DIR, else /run/xmx). With IFACE: that interface in detail and the
 endpoints on it. Counters that are zero are left out unless -all is given.
-Needs no root (program names are shown only to root).
+Needs no root: every user sees the counters and the processes' command
+lines (as /proc shows them to every user).
 
 `)
 		fs.PrintDefaults()

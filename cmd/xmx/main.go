@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strings"
 )
 
 // A command is one subcommand of xmx.
@@ -74,10 +75,13 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
-		fmt.Fprintf(os.Stderr, "xmx %s: %v\n", os.Args[1], err)
 		if errors.Is(err, errUsage) {
+			// The mark says where the error lies; the message says what.
+			msg := strings.TrimPrefix(err.Error(), errUsage.Error()+": ")
+			fmt.Fprintf(os.Stderr, "xmx %s: %s (xmx %s -h lists the flags)\n", os.Args[1], msg, os.Args[1])
 			os.Exit(2)
 		}
+		fmt.Fprintf(os.Stderr, "xmx %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -317,13 +318,16 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 				window = int(binary.BigEndian.Uint32(data[4:]))
 			}
 			if want > maxSize {
-				fmt.Fprintf(log, "xmx server: %v asks for %d-byte messages, above -max-size %d: they will be truncated\n", st.Source, want, maxSize)
+				fmt.Fprintf(log, "xmx server: %v asks for %d-byte messages, above -max-size %d: refused\n", st.Source, want, maxSize)
 			}
 			if err := grow(min(window, 256)+4, want); err != nil {
 				return err
 			}
 			streams[st.Source] = &stream{}
-			if err := sendWait(ctx, e, st.Source, match(kindHelloAck, 0), nil); err != nil {
+			// The answer carries -max-size: the client refuses larger
+			// sizes before it sends them.
+			binary.BigEndian.PutUint64(reply[0:], uint64(maxSize))
+			if err := sendWait(ctx, e, st.Source, match(kindHelloAck, 0), reply[:8]); err != nil {
 				fmt.Fprintf(log, "xmx server: hello from %v: %v\n", st.Source, err)
 			}
 		case kindPing:
@@ -334,7 +338,7 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 		case kindStream:
 			if s := streams[st.Source]; s != nil {
 				s.msgs++
-				s.bytes += uint64(st.MsgLen)
+				s.bytes += uint64(st.XferLen) // what arrived
 			}
 		case kindStreamEnd:
 			s := streams[st.Source]
@@ -370,22 +374,89 @@ func sendWait(ctx context.Context, e *msglayer.Endpoint, to msglayer.Addr, m uin
 	return err
 }
 
-// hello announces a session to the server and waits for its answer.
-func hello(ctx context.Context, e *msglayer.Endpoint, to msglayer.Addr, size, window int) error {
+// hello announces a session to the server and waits for its answer, at
+// most timeout. The answer gives the server's -max-size (servers before
+// it sent none): a size above it is refused here, before it is sent.
+func hello(e *msglayer.Endpoint, to msglayer.Addr, size, window int, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	b := make([]byte, 8)
 	binary.BigEndian.PutUint32(b[0:], uint32(size))
 	binary.BigEndian.PutUint32(b[4:], uint32(window))
-	r, err := e.Irecv(match(kindHelloAck, 0), ^uint64(0), nil, nil)
+	ack := make([]byte, 8)
+	r, err := e.Irecv(match(kindHelloAck, 0), ^uint64(0), [][]byte{ack}, nil)
 	if err != nil {
 		return err
 	}
 	if err := sendWait(ctx, e, to, match(kindHello, 0), b); err != nil {
+		e.Cancel(r)
 		return fmt.Errorf("hello to %v: %w", to, err)
 	}
-	if _, err := e.Wait(ctx, r); err != nil {
+	st, err := e.Wait(ctx, r)
+	if errors.Is(err, context.DeadlineExceeded) {
+		e.Cancel(r)
+		return fmt.Errorf("%v took the connect but did not answer hello within %v (-timeout): is it an xmx pingpong or stream server?", to, timeout)
+	}
+	if err != nil {
 		return fmt.Errorf("waiting for %v to answer hello: %w", to, err)
 	}
+	if st.XferLen == 8 {
+		if most := binary.BigEndian.Uint64(ack); uint64(size) > most {
+			return fmt.Errorf("%w: %d-byte messages: the server at %v takes at most %d (its -max-size): restart it with -max-size %d or more", errUsage, size, to, most, size)
+		}
+	}
 	return nil
+}
+
+// answerWatch ends a measurement whose peer stopped answering: a receive
+// names no peer, so its wait would last for ever. It cancels the context
+// when msglayer gives up on the peer, or when no answer came for
+// timeout (the peer may have died with nothing of ours in flight). The
+// measuring loop calls tick at each answer: an atomic add, no syscall.
+type answerWatch struct {
+	n    atomic.Uint64
+	stop context.CancelFunc
+}
+
+func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duration) (context.Context, *answerWatch) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	w := &answerWatch{stop: func() { cancel(nil) }}
+	go func() {
+		every := min(timeout/4, 250*time.Millisecond)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		last, since := w.n.Load(), time.Now()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				if n := w.n.Load(); n != last {
+					last, since = n, now
+				} else if now.Sub(since) >= timeout {
+					cancel(fmt.Errorf("no answer from %v for %v (-timeout): has its server stopped?", peer, timeout))
+					return
+				}
+				for _, p := range e.Peers() {
+					if p.Addr == peer && p.Dead {
+						cancel(fmt.Errorf("peer %v stopped answering: %w", peer, msglayer.ErrUnreachable))
+						return
+					}
+				}
+			}
+		}
+	}()
+	return ctx, w
+}
+
+func (w *answerWatch) tick() { w.n.Add(1) }
+
+// why returns the reason the watch ended ctx, or err.
+func why(ctx context.Context, err error) error {
+	if c := context.Cause(ctx); c != nil && !errors.Is(c, context.Canceled) {
+		return c
+	}
+	return err
 }
 
 func bye(e *msglayer.Endpoint, to msglayer.Addr) {
@@ -438,10 +509,32 @@ func parseSize(arg string) (int, error) {
 		mult, s = 1<<10, s[:len(s)-1]
 	case strings.HasSuffix(s, "m"), strings.HasSuffix(s, "M"):
 		mult, s = 1<<20, s[:len(s)-1]
+	case strings.HasSuffix(s, "g"), strings.HasSuffix(s, "G"):
+		mult, s = 1<<30, s[:len(s)-1]
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > maxMsgSize/mult {
-		return 0, fmt.Errorf("size %q: want a byte count up to 4G-1 such as 64, 4k or 1M", arg)
+		return 0, fmt.Errorf("size %q: want a byte count up to 4G-1 such as 64, 4k, 1M or 1G", arg)
 	}
 	return n * mult, nil
+}
+
+// sizeFlag is a flag holding a byte count in parseSize's syntax (64, 4k,
+// 1M).
+type sizeFlag struct{ n int }
+
+func (f *sizeFlag) String() string {
+	if f == nil {
+		return ""
+	}
+	return strconv.Itoa(f.n)
+}
+
+func (f *sizeFlag) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	f.n = n
+	return nil
 }

@@ -53,7 +53,8 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	sync := fs.Bool("sync", false, "synchronous sends (Issend): complete only once matched")
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	hist := fs.Bool("hist", false, "print a histogram of half round trips per size")
-	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
+	maxSize := &sizeFlag{16 << 20}
+	fs.Var(maxSize, "max-size", "server: largest message it takes whole (bytes; k, M, G suffixes)")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
 	if err := ef.parse(fs, args); err != nil {
 		return err
@@ -71,7 +72,7 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 			return err
 		}
 		defer e.Close()
-		return serve(e, *maxSize, *once, os.Stderr)
+		return serve(e, maxSize.n, *once, os.Stderr)
 	}
 	e, err := ef.open()
 	if err != nil {
@@ -82,11 +83,12 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
-	if err := hello(ctx, e, peer, slices.Max(list), 1); err != nil {
+	if err := hello(e, peer, slices.Max(list), 1, ef.timeout); err != nil {
 		return err
 	}
 	defer bye(e, peer)
+	ctx, watch := watchAnswers(e, peer, ef.timeout)
+	defer watch.stop()
 
 	info, _ := e.LinkInfo()
 	mode := ef.spin.mode()
@@ -105,7 +107,7 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 		if progress {
 			fmt.Fprintf(os.Stderr, "\r[%d/%d] %d bytes...", k+1, len(list), size)
 		}
-		res, err := pingSize(ctx, e, peer, size, *warmup, *iters, *sync, *hist)
+		res, err := pingSize(ctx, watch, e, peer, size, *warmup, *iters, *sync, *hist)
 		if progress {
 			fmt.Fprintf(os.Stderr, "\r%40s\r", "")
 		}
@@ -129,7 +131,7 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 // kept (8 bytes each).
 const maxIters = 1 << 26
 
-func pingSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, size, warmup, n int, sync, hist bool) (pingResult, error) {
+func pingSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, peer msglayer.Addr, size, warmup, n int, sync, hist bool) (pingResult, error) {
 	out, in := make([]byte, size), make([]byte, size)
 	for i := range out {
 		out[i] = byte(i)
@@ -153,14 +155,16 @@ func pingSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, siz
 		}
 		st, err := e.Wait(ctx, r)
 		if err != nil {
-			return pingResult{}, err
+			e.Cancel(r)
+			return pingResult{}, why(ctx, err)
 		}
 		rtt := time.Since(t0)
+		watch.tick()
 		if st.XferLen != size {
 			return pingResult{}, fmt.Errorf("answer of %d bytes, want %d", st.XferLen, size)
 		}
 		if _, err := e.Wait(ctx, s); err != nil {
-			return pingResult{}, err
+			return pingResult{}, why(ctx, err)
 		}
 		if i >= warmup {
 			rtts = append(rtts, rtt)

@@ -48,7 +48,8 @@ second and the message rate.
 	dur := fs.Duration("time", time.Second, "target duration per size when -n is not given")
 	window := fs.Int("window", 16, "messages in flight")
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
-	maxSize := fs.Int("max-size", 16<<20, "server: largest message it takes whole")
+	maxSize := &sizeFlag{16 << 20}
+	fs.Var(maxSize, "max-size", "server: largest message it takes whole (bytes; k, M, G suffixes)")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
 	umem := fs.Bool("umem", false, "client: send from a buffer lent from the UMEM (large messages leave without a CPU copy when the socket is in zero-copy mode)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
@@ -82,13 +83,12 @@ second and the message rate.
 	}
 	defer e.Close()
 	if fs.NArg() == 0 {
-		return serve(e, *maxSize, *once, os.Stderr)
+		return serve(e, maxSize.n, *once, os.Stderr)
 	}
 	peer, err := ef.connect(e, fs.Arg(0))
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
 	var buf []byte
 	if *umem {
 		lent, err := e.AllocBuffer(maxMsg)
@@ -103,10 +103,12 @@ second and the message rate.
 	} else {
 		buf = make([]byte, maxMsg)
 	}
-	if err := hello(ctx, e, peer, maxMsg, *window); err != nil {
+	if err := hello(e, peer, maxMsg, *window, ef.timeout); err != nil {
 		return err
 	}
 	defer bye(e, peer)
+	ctx, watch := watchAnswers(e, peer, ef.timeout)
+	defer watch.stop()
 	info, _ := e.LinkInfo()
 	if !*asJSON {
 		from := "ordinary memory"
@@ -118,7 +120,7 @@ second and the message rate.
 	}
 	enc := json.NewEncoder(os.Stdout)
 	for _, size := range list {
-		res, err := streamSize(ctx, e, peer, buf[:size], *window, *count, *dur)
+		res, err := streamSize(ctx, watch, e, peer, buf[:size], *window, *count, *dur)
 		if err != nil {
 			return fmt.Errorf("%d-byte messages: %w", size, err)
 		}
@@ -133,7 +135,7 @@ second and the message rate.
 }
 
 // streamSize streams messages of one size and asks the server what it got.
-func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, buf []byte, window, count int, dur time.Duration) (streamResult, error) {
+func streamSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, peer msglayer.Addr, buf []byte, window, count int, dur time.Duration) (streamResult, error) {
 	size := len(buf)
 	segs := [][]byte{buf}
 	grp := e.NewGroup()
@@ -149,14 +151,16 @@ func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, b
 			inFlight++
 		}
 		if _, err := grp.Wait(ctx); err != nil {
-			return streamResult{}, err
+			return streamResult{}, why(ctx, err)
 		}
+		watch.tick()
 		inFlight--
 	}
 	for ; inFlight > 0; inFlight-- {
 		if _, err := grp.Wait(ctx); err != nil {
-			return streamResult{}, err
+			return streamResult{}, why(ctx, err)
 		}
+		watch.tick()
 	}
 	reply := make([]byte, 16)
 	r, err := e.Irecv(match(kindStreamAck, 0), ^uint64(0), [][]byte{reply}, nil)
@@ -164,10 +168,12 @@ func streamSize(ctx context.Context, e *msglayer.Endpoint, peer msglayer.Addr, b
 		return streamResult{}, err
 	}
 	if err := sendWait(ctx, e, peer, match(kindStreamEnd, 0), nil); err != nil {
-		return streamResult{}, err
+		e.Cancel(r)
+		return streamResult{}, why(ctx, err)
 	}
 	if _, err := e.Wait(ctx, r); err != nil {
-		return streamResult{}, err
+		e.Cancel(r)
+		return streamResult{}, why(ctx, err)
 	}
 	el := time.Since(start).Seconds()
 	msgs, bytes := binary.BigEndian.Uint64(reply[0:]), binary.BigEndian.Uint64(reply[8:])

@@ -20,9 +20,16 @@ import (
 )
 
 func TestParseSizes(t *testing.T) {
-	got, err := parseSizes("0,8,1k,64K,1M", 0, 0, 2)
-	if err != nil || len(got) != 5 || got[2] != 1024 || got[3] != 65536 || got[4] != 1<<20 {
+	got, err := parseSizes("0,8,1k,64K,1M,1G", 0, 0, 2)
+	if err != nil || len(got) != 6 || got[2] != 1024 || got[3] != 65536 || got[4] != 1<<20 || got[5] != 1<<30 {
 		t.Fatalf("list: %v, %v", got, err)
+	}
+	var f sizeFlag
+	if err := f.Set("16M"); err != nil || f.n != 16<<20 {
+		t.Fatalf("sizeFlag 16M: %v, %v", f.n, err)
+	}
+	if err := f.Set("-1"); err == nil {
+		t.Fatal("sizeFlag took -1")
 	}
 	got, err = parseSizes("", 0, 16, 2)
 	if want := []int{0, 1, 2, 4, 8, 16}; err != nil || len(got) != len(want) {
@@ -43,7 +50,7 @@ func TestParseSizes(t *testing.T) {
 		start, end int
 		mult       float64
 	}{{"8,x", 0, 0, 2}, {"-1", 0, 0, 2}, {"", 10, 5, 2}, {"", 0, 10, 1}, {"", 0, 10, math.NaN()},
-		{"", 0, 10, math.Inf(1)}, {"", 1, math.MaxInt, 2}, {"", 0, 1 << 40, 2}, {"8000000k", 0, 0, 2}} {
+		{"", 0, 10, math.Inf(1)}, {"", 1, math.MaxInt, 2}, {"", 0, 1 << 40, 2}, {"8000000k", 0, 0, 2}, {"4G", 0, 0, 2}} {
 		if _, err := parseSizes(bad.list, bad.start, bad.end, bad.mult); !errors.Is(err, errUsage) {
 			t.Errorf("parseSizes(%+v) = %v, want a usage error", bad, err)
 		}
@@ -275,11 +282,86 @@ func TestEndToEnd(t *testing.T) {
 		}
 	}
 
+	// Sizes above the server's -max-size are refused before they are
+	// sent, with a usage error that names the flag.
+	tooBig := h1.Command(bin, "pingpong", "-i", "eth0", "-e", "5", "-sizes", "8,32M", "-n", "5", "h2")
+	tooBig.Env = append(os.Environ(), "XMX_HOSTNAME=h1")
+	if msg, err := tooBig.CombinedOutput(); exitCode(err) != 2 || !strings.Contains(string(msg), "-max-size") {
+		t.Errorf("pingpong above the server's -max-size: %v\n%s", err, msg)
+	}
+
 	// From a buffer lent from the client's UMEM.
 	for _, g := range []string{"auto", "descriptors", "copy"} {
 		out = client("stream", "-i", "eth0", "-e", "4", "-umem", "-umem-gather", g, "-sizes", "1M", "-n", "50", "h2")
 		if !strings.Contains(string(out), "sending from a UMEM buffer") {
 			t.Errorf("stream -umem -umem-gather %s:\n%s", g, out)
+		}
+	}
+}
+
+// exitCode is the exit status of a finished command (-1 if it did not
+// exit, 0 without an error).
+func exitCode(err error) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+// TestServerGone checks that a client whose server dies in the middle of
+// a run ends within about -timeout, saying so, instead of waiting for an
+// answer for ever (a receive names no peer).
+func TestServerGone(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	bin := buildTool(t)
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	for _, args := range [][]string{
+		{"pingpong", "-i", "eth0", "-timeout", "2s", "-sizes", "8,64k", "-n", "50000000", "h2"},
+		{"stream", "-i", "eth0", "-timeout", "2s", "-sizes", "64k", "-time", "60s", "h2"},
+	} {
+		server := h2.Command(bin, args[0], "-i", "eth0")
+		server.Env = append(os.Environ(), "XMX_HOSTNAME=h2")
+		if err := server.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		var client *exec.Cmd
+		done := make(chan error, 1)
+		for try := 0; ; try++ { // the server may still be opening its endpoint
+			out.Reset()
+			client = h1.Command(bin, args...)
+			client.Env = append(os.Environ(), "XMX_HOSTNAME=h1")
+			client.Stdout, client.Stderr = &out, &out
+			if err := client.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { done <- client.Wait() }()
+			select {
+			case err := <-done:
+				if try < 20 {
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				t.Fatalf("%s: %v\n%s", args[0], err, out.String())
+			case <-time.After(1500 * time.Millisecond): // measuring
+			}
+			break
+		}
+		server.Process.Kill()
+		server.Wait()
+		select {
+		case err := <-done:
+			if msg := out.String(); exitCode(err) != 1 || !strings.Contains(msg, "stopped answering") && !strings.Contains(msg, "no answer from") {
+				t.Errorf("%s whose server died: %v\n%s", args[0], err, msg)
+			}
+		case <-time.After(15 * time.Second):
+			client.Process.Kill()
+			<-done
+			t.Errorf("%s still waiting 15 s after its server died:\n%s", args[0], out.String())
 		}
 	}
 }
