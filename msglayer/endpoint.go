@@ -94,11 +94,11 @@ type Config struct {
 	// whose sender is disconnected (or resets) while the handler runs is
 	// dropped with the rest of the exchange.
 	//
-	// A message from an endpoint of the same process (or from this one)
-	// does not come through the link: the handler runs in the sender's
-	// Isend or Issend, on the sender's goroutine, also without the engine
-	// lock. Such calls may overlap one another and the driver's, so a
-	// handler that same-process senders reach must guard its own state.
+	// Messages from endpoints of the same process (or from this one) do
+	// not come through the link, but their handler calls are the driver's
+	// too, one at a time: such a message waits for the driver's next round
+	// when no receive matches it (and every same-process message sent
+	// behind it waits too, to keep each sender's order).
 	UnexpectedHandler func(UnexpectedMessage) HandlerAction
 
 	// ContextIDBits (0..8) bits of the match info, starting at bit
@@ -535,6 +535,7 @@ func (e *Endpoint) Close() error {
 		return nil
 	}
 	e.closed = true
+	g.dropLocal(e)
 	// Whoever waits for any completion learns of the close at once,
 	// pending requests or not; so do the waiters of a group whose last
 	// open endpoint this was.

@@ -112,9 +112,21 @@ type engine struct {
 	// (prepareSleep).
 	reschedAt int64
 
+	// localQueued: localIn holds messages. Set under the lock; the
+	// driver looks at it without, at each poll and before each sleep.
+	localQueued atomic.Bool
+
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
 	eps [256]*Endpoint // by endpoint id
+	// localIn: same-process messages waiting for the driver, in the order
+	// they were sent (Endpoint.sendLocal): those whose receiver's
+	// unexpected-message handler must see them, and any sent after them.
+	// localSpare is the other buffer of the pair (runLocal).
+	// +checklocks:mu
+	localIn []localMsg
+	// +checklocks:mu
+	localSpare []localMsg
 	// +checklocks:mu
 	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu
@@ -599,6 +611,12 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 		g.sleptFrom = sleptFrom
 		g.nowPolls = 0
 		g.inKernel.Store(true)
+		// A same-process message queued since prepareSleep looked saw
+		// inKernel false and did not wake us: look again after the
+		// store (sendLocal stores localQueued, then loads inKernel).
+		if g.localQueued.Load() {
+			timeout = 0
+		}
 	}
 	var n int
 	var err error
@@ -618,9 +636,9 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 	if n == 0 && timeout == 0 {
 		// Spinning: reading the clock costs tens of nanoseconds, so read
 		// it every few empty polls, and then look at the timers and stamp
-		// the frames sent meanwhile. Acks left by the last batch are
-		// processed at the first empty poll.
-		if g.nowPolls--; g.nowPolls > 0 && !carried {
+		// the frames sent meanwhile. Acks left by the last batch, and
+		// same-process messages, are processed at the first empty poll.
+		if g.nowPolls--; g.nowPolls > 0 && !carried && !g.localQueued.Load() {
 			return 0, err
 		}
 		if g.nowPolls <= 0 {
@@ -681,6 +699,9 @@ func (g *engine) handled(n int) {
 		}
 	}
 	g.acksLeft = len(g.ackq) > 0
+	if g.localQueued.Load() {
+		g.runLocal()
+	}
 	// After the frames (runTimers stamps): an ack among them spares a
 	// stamp, and a round trip is never measured from a stamp made on the
 	// ack's arrival.
@@ -828,6 +849,9 @@ const reschedEvery = time.Millisecond
 // driveOnce.
 func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 	g.mu.Lock()
+	if g.localQueued.Load() {
+		g.runLocal()
+	}
 	g.settleAcks()
 	g.acksLeft = false
 	now := g.readClock()

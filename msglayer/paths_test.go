@@ -3,6 +3,8 @@ package msglayer_test
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -295,5 +297,109 @@ func TestCompletedCountsUserRequests(t *testing.T) {
 		if got := dst.Counters().Completed - before; got != 2 {
 			t.Errorf("receiver %v: Completed +%d for two receives", dst.Addr(), got)
 		}
+	}
+}
+
+// TestLocalHandlerOneAtATime checks that the unexpected-message handler
+// runs one call at a time when same-process senders send at once, each on
+// a goroutine of its own, to an endpoint whose handler takes a while; and
+// that each sender's messages keep their order.
+func TestLocalHandlerOneAtATime(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	var in, most atomic.Int32
+	var mu sync.Mutex
+	last := map[msglayer.Addr]uint64{}
+	var disorder []string
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		n := in.Add(1)
+		for o := most.Load(); n > o && !most.CompareAndSwap(o, n); o = most.Load() {
+		}
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		if prev, ok := last[m.Source]; ok && m.Match != prev+1 {
+			disorder = append(disorder, m.Source.String())
+		}
+		last[m.Source] = m.Match
+		mu.Unlock()
+		in.Add(-1)
+		return msglayer.Finished
+	}
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	ctx := ctxFor(t, 20*time.Second)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		e := w.open(t, 0, msglayer.Config{EndpointID: uint8(10 + i), Key: 1})
+		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var reqs []msglayer.Request
+			for m := range uint64(10) {
+				s, err := e.Isend(c.Addr(), m, [][]byte{[]byte("x")}, nil)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				reqs = append(reqs, s)
+			}
+			for _, s := range reqs {
+				if st, err := e.Wait(ctx, s); err != nil || st.XferLen != 1 {
+					t.Errorf("send from %v: %+v, %v", e.Addr(), st, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if most.Load() != 1 {
+		t.Errorf("the handler ran %d calls at once", most.Load())
+	}
+	if len(disorder) > 0 {
+		t.Errorf("messages out of order from %v", disorder)
+	}
+}
+
+// TestLocalQueuedAtClose checks that same-process messages waiting for
+// the driver complete when their sender closes (Closed) or their
+// receiver does (Unreachable).
+func TestLocalQueuedAtClose(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		if m.Match == 1 {
+			close(entered)
+			<-release // holds the driver: the messages behind wait
+		}
+		return msglayer.Continue
+	}
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
+	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
+	ctx := ctxFor(t, 10*time.Second)
+	for _, e := range []*msglayer.Endpoint{a, b} {
+		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, _ := a.Isend(c.Addr(), 1, [][]byte{[]byte("x")}, nil)
+	firstDone := make(chan msglayer.Status, 1)
+	go func() { st, _ := a.Wait(ctx, first); firstDone <- st }() // drives
+	<-entered
+	fromB, _ := b.Isend(c.Addr(), 2, [][]byte{[]byte("y")}, nil)
+	fromA, _ := a.Isend(c.Addr(), 3, [][]byte{[]byte("z")}, nil)
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := b.Wait(ctx, fromB); st.Code != msglayer.Closed {
+		t.Errorf("queued send of an endpoint that closed: %v, want Closed", st.Code)
+	}
+	c.Close()
+	close(release)
+	if st, _ := a.Wait(ctx, fromA); st.Code != msglayer.Unreachable {
+		t.Errorf("queued send to an endpoint that closed: %v, want Unreachable", st.Code)
+	}
+	if st := <-firstDone; st.Code != msglayer.Unreachable {
+		t.Errorf("send whose receiver closed while its handler ran: %v, want Unreachable", st.Code)
 	}
 }

@@ -93,66 +93,156 @@ func (e *Endpoint) pumpAll(now int64) {
 	}
 }
 
+// localMsg is a same-process message waiting for the driver (engine.localIn).
+type localMsg struct {
+	r  *request
+	to *Endpoint
+}
+
 // sendLocal delivers a message to an endpoint of the same engine without
 // the NIC: straight into a matching receive, else into the unexpected
 // queue (a copy within the bound, else a record that the receive will copy
 // from when it is posted).
 //
+// When the receiver has an unexpected-message handler and no receive
+// matches, the message waits for the driver (engine.localIn), which calls
+// the handler as it would for a frame: on its goroutine, one call at a
+// time. So does every same-process message sent while some wait, which
+// keeps each sender's messages in order.
+//
 // +checklocks:e.eng.mu
 func (e *Endpoint) sendLocal(p *peer, r *request) {
-	t := p.local
+	g := e.eng
+	if len(g.localIn) == 0 && e.arriveLocal(p.local, r, false) {
+		return
+	}
+	g.localIn = append(g.localIn, localMsg{r: r, to: p.local})
+	g.localQueued.Store(true)
+	g.signal()
+}
+
+// runLocal hands the same-process messages queued so far to their
+// receivers, in order (arriveLocal). The driver calls it; the handlers it
+// calls release the lock, and messages queued meanwhile wait for the next
+// round behind these.
+//
+// +checklocks:g.mu
+func (g *engine) runLocal() {
+	q := g.localIn
+	g.localIn, g.localSpare = g.localSpare[:0], nil
+	for i := range q {
+		m := q[i]
+		q[i] = localMsg{}
+		m.r.ep.arriveLocal(m.to, m.r, true)
+	}
+	if g.localSpare == nil {
+		g.localSpare = q[:0]
+	}
+	g.localQueued.Store(len(g.localIn) > 0)
+}
+
+// dropLocal completes the queued same-process messages that closing
+// endpoint c sent (Closed) or was sent (Unreachable: as over the network,
+// where the sender would give up).
+//
+// +checklocks:g.mu
+func (g *engine) dropLocal(c *Endpoint) {
+	kept := g.localIn[:0]
+	for _, m := range g.localIn {
+		switch {
+		case m.r.ep == c:
+			c.complete(m.r, Closed)
+		case m.to == c:
+			m.r.ep.complete(m.r, Unreachable)
+		default:
+			kept = append(kept, m)
+		}
+	}
+	clear(g.localIn[len(kept):])
+	g.localIn = kept
+	g.localQueued.Store(len(kept) > 0)
+}
+
+// arriveLocal delivers r, sent by e, to t: into the receive it matches,
+// else to t's unexpected queue after t's handler (only when handler is
+// set: the caller is the driver) saw it. Without handler it reports false,
+// delivering nothing, when t's handler must see the message.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 	tp := t.peers[e.addr]
-	if t.closed || tp == nil {
+	switch {
+	case e.closed: // only when handler: queued, then its sender closed
+		e.complete(r, Closed)
+		return true
+	case t.closed || tp == nil:
 		// Gone, or it forgot us: as over the network, where the send
 		// would go unanswered until it gave up. Closed would say that
 		// this endpoint closed.
 		e.complete(r, Unreachable)
-		return
+		return true
 	}
 	if rr := t.match.arrive(r.match); rr != nil {
 		t.deliverLocal(r, rr, e.addr)
-		return
+		return true
 	}
-	// The handler sees what it would over the network: the data of a
-	// message that would go in one eager frame (gathered; the copy is
-	// the unexpected message's if the handler lets it queue).
-	var data []byte
-	if t.cfg.UnexpectedHandler != nil && !r.sync && r.length <= p.eagerPayload() {
-		if len(r.segs) == 1 {
-			data = r.segs[0]
-		} else {
-			data = make([]byte, r.length)
-			copyFromSegs(data, r.segs, 0)
+	if t.cfg.UnexpectedHandler != nil {
+		if !handler {
+			return false
 		}
-	}
-	act, ok := t.callHandler(tp, r.match, r.length, data)
-	switch {
-	case e.closed:
-		e.complete(r, Closed)
-		return
-	case !ok && t.closed:
-		e.complete(r, Unreachable)
-		return
-	case !ok: // the exchange was forgotten meanwhile
-		e.complete(r, Aborted)
-		return
-	}
-	if act == Finished {
-		// As over the network: an eager message was taken whole; a
-		// rendezvous one, whose data stays here, had none delivered.
-		r.status.XferLen = r.length
-		if r.sync || r.length > e.cfg.RendezvousThreshold {
-			r.status.XferLen = 0
+		// The handler sees what it would over the network: the data of a
+		// message that would go in one eager frame (gathered; the copy is
+		// the unexpected message's if the handler lets it queue).
+		var data []byte
+		if !r.sync && r.length <= tp.eagerPayload() {
+			if len(r.segs) == 1 {
+				data = r.segs[0]
+			} else {
+				data = make([]byte, r.length)
+				copyFromSegs(data, r.segs, 0)
+			}
 		}
-		e.complete(r, Success)
-		return
+		act, ok := t.callHandler(tp, r.match, r.length, data)
+		switch {
+		case e.closed:
+			e.complete(r, Closed)
+			return true
+		case !ok && t.closed:
+			e.complete(r, Unreachable)
+			return true
+		case !ok: // the exchange was forgotten meanwhile
+			e.complete(r, Aborted)
+			return true
+		}
+		if act == Finished {
+			// As over the network: an eager message was taken whole; a
+			// rendezvous one, whose data stays here, had none delivered.
+			r.status.XferLen = r.length
+			if r.sync || r.length > e.cfg.RendezvousThreshold {
+				r.status.XferLen = 0
+			}
+			e.complete(r, Success)
+			return true
+		}
+		if rr := t.match.arrive(r.match); rr != nil {
+			t.deliverLocal(r, rr, e.addr)
+			return true
+		}
+		t.queueLocal(tp, r, data)
+		return true
 	}
-	if rr := t.match.arrive(r.match); rr != nil {
-		t.deliverLocal(r, rr, e.addr)
-		return
-	}
+	t.queueLocal(tp, r, nil)
+	return true
+}
+
+// queueLocal puts r, from peer tp, in t's unexpected queue: a copy within
+// the bound (data, when not nil and not the sender's own segment, is one
+// already made), else a record the receive will copy from.
+//
+// +checklocks:t.eng.mu
+func (t *Endpoint) queueLocal(tp *peer, r *request, data []byte) {
 	u := &unexp{src: tp, match: r.match, msgLen: uint32(r.length)}
-	if !r.sync && r.length <= e.cfg.RendezvousThreshold && t.unexpBytes+r.length <= t.cfg.UnexpectedBytes {
+	if !r.sync && r.length <= r.ep.cfg.RendezvousThreshold && t.unexpBytes+r.length <= t.cfg.UnexpectedBytes {
 		if u.data = data; len(r.segs) == 1 || data == nil {
 			u.data = make([]byte, r.length)
 			copyFromSegs(u.data, r.segs, 0)
@@ -162,7 +252,7 @@ func (e *Endpoint) sendLocal(p *peer, r *request) {
 		t.stats.UnexpectedBytes += uint64(r.length)
 		r.buffered = true
 		r.status.XferLen = r.length
-		e.complete(r, Success)
+		r.ep.complete(r, Success)
 	} else {
 		u.rndv, u.localSend = true, r
 		r.rndv = true
