@@ -329,9 +329,13 @@ func (e *Endpoint) Irecv(info, mask uint64, segs [][]byte, ctx any) (Request, er
 // bit outside mask.
 func checkMatch(info, mask uint64) error {
 	if info&^mask != 0 {
-		return &ArgError{Arg: fmt.Sprintf("match info %#x (mask %#x)", info, mask), Err: ErrBadMatchMask}
+		return badMatch(info, mask) // out of line: checkMatch inlines
 	}
 	return nil
+}
+
+func badMatch(info, mask uint64) error {
+	return &ArgError{Arg: fmt.Sprintf("match info %#x (mask %#x)", info, mask), Err: ErrBadMatchMask}
 }
 
 func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) (Request, error) {
