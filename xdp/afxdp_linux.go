@@ -281,7 +281,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if cfg.Queue < 0 {
 		return nil, fmt.Errorf("xdp: open AF_XDP: queue %d: must not be negative", cfg.Queue)
 	}
-	if cfg.BufferBytes < 0 || cfg.BufferBytes > 1<<30 {
+	if cfg.BufferBytes < 0 || cfg.BufferBytes > MaxBufferBytes {
 		return nil, fmt.Errorf("xdp: open AF_XDP: buffer area of %d bytes: want 0..1 GiB", cfg.BufferBytes)
 	}
 	bufFrames := (cfg.BufferBytes + cfg.FrameSize - 1) / cfg.FrameSize

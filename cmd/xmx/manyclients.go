@@ -173,6 +173,10 @@ estimate of the data they sent more than once.
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	c.ef.peerEPSet = set["peer-ep"]
+	if err := c.ef.checkPeer(c.peer); err != nil {
+		return nil, err
+	}
 	var err error
 	parse := func(name, v string, min, max int) int {
 		if err != nil {
@@ -282,14 +286,17 @@ estimate of the data they sent more than once.
 // mcOpen opens endpoint id with the flags' link settings and the given
 // protocol bounds.
 func (c *mcConfig) mcOpen(id uint8) (*msglayer.Endpoint, error) {
-	cfg := c.endpointConfig(id)
-	if cfg.Interface == "" {
-		var err error
-		if cfg.Interface, err = defaultInterface(); err != nil {
-			return nil, err
-		}
+	if err := c.ef.checkInterface(); err != nil {
+		return nil, err
 	}
-	return msglayer.Open(cfg)
+	e, err := msglayer.Open(c.endpointConfig(id))
+	if err != nil {
+		return nil, err
+	}
+	if id == uint8(c.ef.ep) {
+		c.ef.sayLink(e) // once, for the first endpoint
+	}
+	return e, nil
 }
 
 // endpointConfig is endpoint id's msglayer configuration: the endpoint
@@ -362,7 +369,7 @@ type mcServerReport struct {
 
 // mcServe runs the server until a signal, -duration or -max-msgs.
 func mcServe(c *mcConfig) error {
-	if err := requireRoot("xmx manyclients"); err != nil {
+	if err := requireRoot("this command"); err != nil {
 		return err
 	}
 	e, err := c.mcOpen(uint8(c.ef.ep))
@@ -646,7 +653,7 @@ type mcClient struct {
 
 // mcClients runs -n client endpoints and reports.
 func mcClients(c *mcConfig) error {
-	if err := requireRoot("xmx manyclients"); err != nil {
+	if err := requireRoot("this command"); err != nil {
 		return err
 	}
 	eps := make([]*msglayer.Endpoint, 0, c.clients)

@@ -40,16 +40,18 @@ func match(kind, seq uint64) uint64 { return kind<<kindShift | seq&(1<<kindShift
 
 // endpointFlags are the flags every messaging command shares.
 type endpointFlags struct {
-	iface    string
-	link     string
-	ep       uint
-	key      uint
-	busy     bool
-	spin     spinFlag
-	peerEP   uint
-	peerKey  uint
-	timeout  time.Duration
-	hostname string
+	iface  string
+	link   string
+	ep     uint
+	key    uint
+	busy   bool
+	spin   spinFlag
+	peerEP uint
+	// peerEPSet: -peer-ep was given (it then must agree with PEER).
+	peerEPSet bool
+	peerKey   uint
+	timeout   time.Duration
+	hostname  string
 	// umemBytes, when set by a command, sizes the UMEM buffer area the
 	// endpoint lends (msglayer.Config.UMEMBufferBytes); umemGather says how
 	// its data leaves.
@@ -149,11 +151,29 @@ func (f *endpointFlags) parse(fs *flag.FlagSet, args []string) error {
 		}
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	fs.Visit(func(fl *flag.Flag) { f.peerEPSet = f.peerEPSet || fl.Name == "peer-ep" })
 	if err := f.validate(); err != nil {
 		return err
 	}
 	if fs.NArg() > 1 {
 		return fmt.Errorf("%w: one PEER at most, got %q", errUsage, fs.Args())
+	}
+	return f.checkPeer(fs.Arg(0))
+}
+
+// checkPeer refuses, before anything is opened, a PEER that is no
+// address, and -peer-ep beside a MAC address (which names its endpoint
+// as MAC:EP).
+func (f *endpointFlags) checkPeer(peer string) error {
+	if strings.Count(peer, ":") < 5 {
+		return nil // a host name, or no peer
+	}
+	a, err := msglayer.ParseAddr(peer)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if f.peerEPSet && (strings.Count(peer, ":") == 5 || uint(a.EP) != f.peerEP) {
+		return fmt.Errorf("%w: -peer-ep %d with PEER %s: -peer-ep goes with a host name; a MAC names its endpoint as MAC:EP", errUsage, f.peerEP, peer)
 	}
 	return nil
 }
@@ -193,28 +213,47 @@ func (f *endpointFlags) config(id uint8) msglayer.Config {
 	}
 }
 
-// open opens the endpoint the flags describe.
-func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
+// checkInterface settles -i (the only interface up when not given) and
+// checks that the interface exists and is up, before an endpoint is
+// opened on it; it also wants root.
+func (f *endpointFlags) checkInterface() error {
 	if err := requireRoot("this command"); err != nil {
-		return nil, err
+		return err
 	}
 	if f.iface == "" {
 		var err error
 		if f.iface, err = defaultInterface(); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if _, err := net.InterfaceByName(f.iface); err != nil {
-		return nil, fmt.Errorf("-i %s: no such interface (see ip link)", f.iface)
+	ifi, err := net.InterfaceByName(f.iface)
+	if err != nil {
+		return fmt.Errorf("-i %s: no such interface (see ip link)", f.iface)
+	}
+	if ifi.Flags&net.FlagUp == 0 {
+		return fmt.Errorf("-i %s: the interface is down (ip link set %s up)", f.iface, f.iface)
+	}
+	return nil
+}
+
+// open opens the endpoint the flags describe.
+func (f *endpointFlags) open() (*msglayer.Endpoint, error) {
+	if err := f.checkInterface(); err != nil {
+		return nil, err
 	}
 	e, err := msglayer.Open(f.config(uint8(f.ep)))
 	if err != nil {
 		return nil, err
 	}
+	f.sayLink(e)
+	return e, nil
+}
+
+// sayLink says which link -link auto chose when it is not AF_XDP, and why.
+func (f *endpointFlags) sayLink(e *msglayer.Endpoint) {
 	if info, why := e.LinkInfo(); f.link == "auto" && info.Kind != "afxdp" {
 		fmt.Fprintf(os.Stderr, "xmx: using %s on %s: %s\n", info.Kind, f.iface, why)
 	}
-	return e, nil
 }
 
 // resolvePeer turns PEER (a MAC address with an optional :endpoint, or a
@@ -235,6 +274,9 @@ func (f *endpointFlags) connect(e *msglayer.Endpoint, peer string) (msglayer.Add
 		}
 	}
 	if err := e.Connect(ctx, a, uint32(f.peerKey)); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return a, fmt.Errorf("peer %v: no answer to the connect within %v (-timeout): is the address right, and an xmx server running there?", a, f.timeout)
+		}
 		return a, fmt.Errorf("peer %v: %w", a, err)
 	}
 	return a, nil

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/xmx-stack/xmx/regcache"
@@ -38,6 +39,9 @@ with a large enough RLIMIT_MEMLOCK.
 		var err error
 		if list, err = parseSizes(*sizes, 0, 0, 2); err != nil {
 			return err
+		}
+		if slices.Contains(list, 0) {
+			return fmt.Errorf("%w: -sizes %s: a region to register has at least 1 byte", errUsage, *sizes)
 		}
 	}
 	if *minTime <= 0 {

@@ -74,6 +74,9 @@ second and the message rate.
 	if err != nil {
 		return err
 	}
+	if *umem && (maxMsg < 1 || maxMsg > xdp.MaxBufferBytes) {
+		return fmt.Errorf("%w: -umem: the largest size, %d bytes, must fit the link's buffer area: 1 byte to %d", errUsage, maxMsg, xdp.MaxBufferBytes)
+	}
 	if *umem && fs.NArg() > 0 {
 		ef.umemBytes, ef.umemGather = maxMsg, gather
 	}

@@ -115,6 +115,13 @@ func TestArgErrors(t *testing.T) {
 		{runLinkBench, []string{"-rounds", "0"}, "-rounds"},
 		{runLinkBench, []string{"-systems", "nope"}, "nope"},
 		{runRegBench, []string{"-time", "0s"}, "-time"},
+		{runRegBench, []string{"-sizes", "0,64"}, "-sizes"},
+		{runPingPong, []string{"-max-size", "-1"}, "-max-size"},
+		{runStream, []string{"-max-size", "5G"}, "-max-size"},
+		{runStream, []string{"-umem", "-sizes", "2G", "02:78:6d:00:00:02"}, "-umem"},
+		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02"}, "-peer-ep"},
+		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02:4"}, "-peer-ep"},
+		{runPingPong, []string{"02:78:6d:00:00:zz"}, "02:78:6d:00:00:zz"},
 	}
 	for _, c := range cases {
 		err := c.run(c.args)
