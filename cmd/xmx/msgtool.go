@@ -373,8 +373,19 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 				fmt.Fprintf(log, "xmx server: hello from %v: %v\n", st.Source, err)
 			}
 		case kindPing:
-			// The buffer must stay until the pong is sent.
-			if err := sendWait(ctx, e, st.Source, match(kindPong, st.Match), data); err != nil {
+			// The buffer must stay until the pong is sent: a pong already
+			// copied out (buffered, as small ones are at once) is let go
+			// (Forget), and the next ping is taken without waiting for
+			// its ack, which that ping brings.
+			s, err := e.Isend(st.Source, match(kindPong, st.Match), [][]byte{data}, nil)
+			if err == nil {
+				if done, _ := e.Ibuffered(s); done {
+					e.Forget(s)
+				} else {
+					_, err = e.Wait(ctx, s)
+				}
+			}
+			if err != nil {
 				fmt.Fprintf(log, "xmx server: pong to %v: %v\n", st.Source, err)
 			}
 		case kindStream:

@@ -25,7 +25,11 @@ type pingResult struct {
 	MeanUs     float64 `json:"mean_us"`
 	MinUs      float64 `json:"min_us"`
 	MBps       float64 `json:"mbps"` // size / mean half round trip, in 10^6 bytes per second
-	Histogram  []int   `json:"histogram,omitempty"`
+	// Histogram counts half round trips per bucket (-hist); bucket i
+	// holds those below HistogramUpperUs[i] µs and at or above the bound
+	// before (bucket 0: below 1 µs).
+	Histogram        []int     `json:"histogram,omitempty"`
+	HistogramUpperUs []float64 `json:"histogram_upper_us,omitempty"`
 }
 
 func runPingPong(args []string) error {
@@ -189,6 +193,9 @@ func pingSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, pee
 	}
 	if hist {
 		res.Histogram = histogram(rtts)
+		for i := range res.Histogram {
+			res.HistogramUpperUs = append(res.HistogramUpperUs, math.Exp2(float64(i)))
+		}
 	}
 	return res, nil
 }

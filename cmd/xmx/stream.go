@@ -122,8 +122,15 @@ second and the message rate.
 		fmt.Printf("# %10s %9s %10s %12s %12s\n", "bytes", "messages", "seconds", "MB/s", "msg/s")
 	}
 	enc := json.NewEncoder(os.Stdout)
-	for _, size := range list {
+	progress := isTerminal(os.Stderr)
+	for k, size := range list {
+		if progress {
+			fmt.Fprintf(os.Stderr, "\r[%d/%d] %d bytes...", k+1, len(list), size)
+		}
 		res, err := streamSize(ctx, watch, e, peer, buf[:size], *window, *count, *dur)
+		if progress {
+			fmt.Fprintf(os.Stderr, "\r%40s\r", "")
+		}
 		if err != nil {
 			return fmt.Errorf("%d-byte messages: %w", size, err)
 		}

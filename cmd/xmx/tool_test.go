@@ -236,7 +236,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	sizes := []int{0, 8, 1024, 65536, 1 << 20}
-	out := client("pingpong", "-i", "eth0", "-e", "1", "-json", "-sizes", "0,8,1k,64k,1M", "-n", "200", "-warmup", "20", "h2")
+	out := client("pingpong", "-i", "eth0", "-e", "1", "-json", "-hist", "-sizes", "0,8,1k,64k,1M", "-n", "200", "-warmup", "20", "h2")
 	var got []pingResult
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
@@ -252,6 +252,13 @@ func TestEndToEnd(t *testing.T) {
 	for i, r := range got {
 		if r.Size != sizes[i] || r.Iterations != 200 || r.MinUs <= 0 || r.MinUs > r.P50us || r.P50us > r.P99us || r.MeanUs < r.MinUs {
 			t.Errorf("pingpong result %+v is inconsistent", r)
+		}
+		total := 0
+		for _, c := range r.Histogram {
+			total += c
+		}
+		if total != r.Iterations || len(r.HistogramUpperUs) != len(r.Histogram) || r.HistogramUpperUs[len(r.HistogramUpperUs)-1] < r.P99us {
+			t.Errorf("pingpong -hist: %v below %v µs for %d round trips (p99 %v µs)", r.Histogram, r.HistogramUpperUs, r.Iterations, r.P99us)
 		}
 	}
 
