@@ -839,6 +839,12 @@ func (gr *Group) Wait(ctx context.Context) (Status, error) {
 		g.mu.Lock()
 		if gr.q.head == nil && gr.viewsClosed() {
 			g.mu.Unlock()
+			// Close woke one waiter (wake holds one signal): pass it on
+			// to the next, if there is one.
+			select {
+			case gr.wake <- struct{}{}:
+			default:
+			}
 			return Status{}, ErrClosed
 		}
 		gr.shut.Store(false)

@@ -119,14 +119,19 @@ type engine struct {
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
 	// +checklocks:mu
 	eps [256]*Endpoint // by endpoint id
-	// localIn: same-process messages waiting for the driver, in the order
-	// they were sent (Endpoint.sendLocal): those whose receiver's
-	// unexpected-message handler must see them, and any sent after them.
-	// localSpare is the other buffer of the pair (runLocal).
+	// localIn[localHead:]: same-process messages waiting for the driver,
+	// in the order they were sent (Endpoint.sendLocal): those whose
+	// receiver's unexpected-message handler must see them, and any sent
+	// after them. localCur is the one runLocal hands over (its handler
+	// runs without the lock); localRunning: runLocal is under way.
 	// +checklocks:mu
 	localIn []localMsg
 	// +checklocks:mu
-	localSpare []localMsg
+	localHead int
+	// +checklocks:mu
+	localCur localMsg
+	// +checklocks:mu
+	localRunning bool
 	// +checklocks:mu
 	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu
@@ -616,6 +621,7 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 		// store (sendLocal stores localQueued, then loads inKernel).
 		if g.localQueued.Load() {
 			timeout = 0
+			g.inKernel.Store(false)
 		}
 	}
 	var n int

@@ -403,3 +403,220 @@ func TestLocalQueuedAtClose(t *testing.T) {
 		t.Errorf("send whose receiver closed while its handler ran: %v, want Unreachable", st.Code)
 	}
 }
+
+// TestLocalOrderWhileHandlerRuns: messages X->Y, m2 queued behind a
+// message to a handler endpoint; while the driver runs that handler, X
+// sends m3, which must not pass m2 (found by a review: it did).
+func TestLocalOrderWhileHandlerRuns(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	entered0, release0 := make(chan struct{}), make(chan struct{})
+	var x, y *msglayer.Endpoint
+	sent3 := make(chan msglayer.Request, 1)
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		switch m.Match {
+		case 0:
+			close(entered0)
+			<-release0
+		case 1:
+			s, err := x.Isend(y.Addr(), 3, [][]byte{[]byte("m3")}, nil)
+			if err != nil {
+				t.Error(err)
+			}
+			sent3 <- s
+		}
+		return msglayer.Finished
+	}
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
+	x = w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
+	y = w.open(t, 0, msglayer.Config{EndpointID: 6, Key: 6})
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, c.Addr(), 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Connect(ctx, y.Addr(), 6); err != nil {
+		t.Fatal(err)
+	}
+	s0, _ := a.Isend(c.Addr(), 0, [][]byte{[]byte("m0")}, nil)
+	go a.Wait(ctx, s0) // drives
+	<-entered0
+	s1, _ := a.Isend(c.Addr(), 1, [][]byte{[]byte("m1")}, nil)
+	s2, _ := x.Isend(y.Addr(), 2, [][]byte{[]byte("m2")}, nil) // queued: localIn not empty
+	close(release0)
+	if _, err := a.Wait(ctx, s1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Wait(ctx, s2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Wait(ctx, <-sent3); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for range 2 {
+		r, _ := y.Irecv(0, 0, [][]byte{make([]byte, 8)}, nil)
+		st, err := y.Wait(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, st.Match)
+	}
+	if got[0] != 2 {
+		t.Fatalf("X->Y matched in order %v, want [2 3]", got)
+	}
+}
+
+// TestLocalOrderRecvPostedDuringHandler: A->C, C with a handler; while
+// C's handler runs on m1, C posts a receive and A sends m2: m1, sent
+// first, must take the receive, as over the network.
+func TestLocalOrderRecvPostedDuringHandler(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		if m.Match == 1 {
+			close(entered)
+			<-release
+		}
+		return msglayer.Continue
+	}
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, c.Addr(), 3); err != nil {
+		t.Fatal(err)
+	}
+	s1, _ := a.Isend(c.Addr(), 1, [][]byte{[]byte("m1")}, nil)
+	go a.Wait(ctx, s1)
+	<-entered
+	r, _ := c.Irecv(0, 0, [][]byte{make([]byte, 8)}, nil)
+	s2, _ := a.Isend(c.Addr(), 2, [][]byte{[]byte("m2")}, nil)
+	close(release)
+	st, err := c.Wait(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Wait(ctx, s2)
+	if st.Match != 1 {
+		t.Fatalf("first receive got match %d, want 1 (m1 was sent first)", st.Match)
+	}
+}
+
+// TestLocalQueuedAtDisconnect: A->C waits for the driver; A disconnects
+// C: the send completes Aborted at once, as over the network, and C
+// never sees the message.
+func TestLocalQueuedAtDisconnect(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	var seen []uint64
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		seen = append(seen, m.Match)
+		if m.Match == 0 {
+			close(entered)
+			<-release
+		}
+		return msglayer.Continue
+	}
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
+	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
+	ctx := ctxFor(t, 10*time.Second)
+	for _, e := range []*msglayer.Endpoint{a, b} {
+		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s0, _ := b.Isend(c.Addr(), 0, [][]byte{[]byte("m0")}, nil)
+	go b.Wait(ctx, s0)
+	<-entered
+	s1, _ := a.Isend(c.Addr(), 1, [][]byte{[]byte("m1")}, nil)
+	a.Disconnect(c.Addr())
+	st, ok, _ := a.Test(s1)
+	t.Logf("right after Disconnect: done %v %v", ok, st.Code)
+	close(release)
+	if !ok {
+		st, _ = a.Wait(ctx, s1)
+	}
+	time.Sleep(20 * time.Millisecond)
+	_, inQ := c.Iprobe(1, ^uint64(0))
+	t.Logf("send completed %v; handler saw %v; m1 in C's unexpected queue: %v", st.Code, seen, inQ)
+	if !ok || st.Code != msglayer.Aborted || inQ {
+		t.Fatalf("queued send survived Disconnect")
+	}
+}
+
+// TestLocalCloseWhileHandedOver: A's message waits in the same round of
+// the driver as one whose handler runs; A's Close completes it at once.
+func TestLocalCloseWhileHandedOver(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	entered0, release0 := make(chan struct{}), make(chan struct{})
+	entered1, release1 := make(chan struct{}), make(chan struct{})
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		switch m.Match {
+		case 0:
+			close(entered0)
+			<-release0
+		case 1:
+			close(entered1)
+			<-release1
+		}
+		return msglayer.Continue
+	}
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
+	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
+	ctx := ctxFor(t, 10*time.Second)
+	for _, e := range []*msglayer.Endpoint{a, b} {
+		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s0, _ := b.Isend(c.Addr(), 0, [][]byte{[]byte("m0")}, nil)
+	go b.Wait(ctx, s0)
+	<-entered0
+	b.Isend(c.Addr(), 1, [][]byte{[]byte("m1")}, nil)
+	g := a.NewGroup()
+	s2, _ := g.Isend(c.Addr(), 2, [][]byte{[]byte("m2")}, "m2")
+	_ = s2
+	close(release0)
+	<-entered1 // the batch [m1, m2] is being run
+	a.Close()
+	st, ok := g.Test()
+	t.Logf("after a.Close: group Test %v %+v", ok, st)
+	_, err := g.Wait(ctx)
+	t.Logf("group Wait after a.Close: %v", err)
+	close(release1)
+	time.Sleep(20 * time.Millisecond)
+	st2, ok2 := g.Test()
+	t.Logf("after the handler returned: group Test %v %+v", ok2, st2)
+	if !ok {
+		t.Fatal("Close returned with a send pending")
+	}
+}
+
+// TestGroupWaitersAllWokenAtClose: two goroutines wait on one group
+// while a third drives the link for another endpoint; the group's only
+// endpoint closes: both waits end.
+func TestGroupWaitersAllWokenAtClose(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3})
+	k := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5}) // keeps the engine
+	ctx := ctxFor(t, 10*time.Second)
+	r, _ := k.Irecv(7, ^uint64(0), [][]byte{make([]byte, 8)}, nil)
+	go k.Wait(ctx, r) // holds the drive token until ctx ends
+	time.Sleep(20 * time.Millisecond)
+	g := a.NewGroup()
+	done := make(chan error, 2)
+	for range 2 {
+		go func() { _, err := g.Wait(ctx); done <- err }()
+	}
+	time.Sleep(20 * time.Millisecond)
+	a.Close()
+	for i := range 2 {
+		select {
+		case err := <-done:
+			t.Logf("waiter ended: %v", err)
+		case <-time.After(2 * time.Second):
+			t.Fatalf("group waiter %d still waiting 2 s after its only endpoint closed", i+1)
+		}
+	}
+}

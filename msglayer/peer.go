@@ -279,6 +279,10 @@ func (p *peer) clear(code Code) {
 // +checklocks:p.ep.eng.mu
 func (p *peer) failAll(code Code) {
 	e := p.ep
+	if p.local != nil {
+		// Our same-process messages to it that wait for the driver.
+		e.eng.dropLocalTo(e, p.local, code)
+	}
 	// Sends: in the window, waiting for it, and rendezvous offered to the
 	// peer. One send may be all three (a message partly framed, or a
 	// rendezvous record in flight), and completing a forgotten request

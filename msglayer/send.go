@@ -107,13 +107,13 @@ type localMsg struct {
 // When the receiver has an unexpected-message handler and no receive
 // matches, the message waits for the driver (engine.localIn), which calls
 // the handler as it would for a frame: on its goroutine, one call at a
-// time. So does every same-process message sent while some wait, which
-// keeps each sender's messages in order.
+// time. So does every same-process message sent while some wait or the
+// driver hands them over, which keeps each sender's messages in order.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) sendLocal(p *peer, r *request) {
 	g := e.eng
-	if len(g.localIn) == 0 && e.arriveLocal(p.local, r, false) {
+	if g.localHead == len(g.localIn) && !g.localRunning && e.arriveLocal(p.local, r, false) {
 		return
 	}
 	g.localIn = append(g.localIn, localMsg{r: r, to: p.local})
@@ -122,45 +122,83 @@ func (e *Endpoint) sendLocal(p *peer, r *request) {
 }
 
 // runLocal hands the same-process messages queued so far to their
-// receivers, in order (arriveLocal). The driver calls it; the handlers it
-// calls release the lock, and messages queued meanwhile wait for the next
-// round behind these.
+// receivers, in order (arriveLocal). The driver calls it. The handlers it
+// calls release the lock: messages sent meanwhile queue behind (they wait
+// for the next round), and Close or Disconnect complete the queued ones
+// they concern, and the one being handed over (localCur), at once.
 //
 // +checklocks:g.mu
 func (g *engine) runLocal() {
-	q := g.localIn
-	g.localIn, g.localSpare = g.localSpare[:0], nil
-	for i := range q {
-		m := q[i]
-		q[i] = localMsg{}
+	if g.localRunning {
+		return
+	}
+	g.localRunning = true
+	for n := len(g.localIn) - g.localHead; n > 0 && g.localHead < len(g.localIn); n-- {
+		m := g.localIn[g.localHead]
+		g.localIn[g.localHead] = localMsg{}
+		g.localHead++
+		g.localCur = m
 		m.r.ep.arriveLocal(m.to, m.r, true)
+		g.localCur = localMsg{}
 	}
-	if g.localSpare == nil {
-		g.localSpare = q[:0]
+	if g.localHead == len(g.localIn) {
+		g.localIn, g.localHead = g.localIn[:0], 0
 	}
-	g.localQueued.Store(len(g.localIn) > 0)
+	g.localRunning = false
+	g.localQueued.Store(g.localHead < len(g.localIn))
 }
 
-// dropLocal completes the queued same-process messages that closing
-// endpoint c sent (Closed) or was sent (Unreachable: as over the network,
-// where the sender would give up).
+// dropLocal completes the same-process messages waiting for the driver,
+// or being handed over by it, that closing endpoint c sent (Closed) or
+// was sent (Unreachable: as over the network, where the sender would
+// give up).
 //
 // +checklocks:g.mu
 func (g *engine) dropLocal(c *Endpoint) {
-	kept := g.localIn[:0]
-	for _, m := range g.localIn {
+	g.dropLocalIf(func(m localMsg) (Code, bool) {
 		switch {
 		case m.r.ep == c:
-			c.complete(m.r, Closed)
+			return Closed, true
 		case m.to == c:
-			m.r.ep.complete(m.r, Unreachable)
-		default:
+			return Unreachable, true
+		}
+		return 0, false
+	})
+}
+
+// dropLocalTo completes with code the same-process messages from e to t
+// waiting for the driver, or being handed over: e forgot t (Disconnect, a
+// reset), as a network peer's messages in flight would.
+//
+// +checklocks:g.mu
+func (g *engine) dropLocalTo(e, t *Endpoint, code Code) {
+	g.dropLocalIf(func(m localMsg) (Code, bool) { return code, m.r.ep == e && m.to == t })
+}
+
+// dropLocalIf completes and takes out the messages drop picks.
+//
+// +checklocks:g.mu
+func (g *engine) dropLocalIf(drop func(localMsg) (Code, bool)) {
+	if m := g.localCur; m.r != nil {
+		if code, ok := drop(m); ok {
+			g.localCur = localMsg{} // arriveLocal sees it is done
+			m.r.ep.complete(m.r, code)
+		}
+	}
+	kept := g.localIn[:g.localHead]
+	for _, m := range g.localIn[g.localHead:] {
+		if code, ok := drop(m); ok {
+			m.r.ep.complete(m.r, code)
+		} else {
 			kept = append(kept, m)
 		}
 	}
 	clear(g.localIn[len(kept):])
 	g.localIn = kept
-	g.localQueued.Store(len(kept) > 0)
+	if g.localHead == len(g.localIn) {
+		g.localIn, g.localHead = g.localIn[:0], 0
+	}
+	g.localQueued.Store(g.localHead < len(g.localIn))
 }
 
 // arriveLocal delivers r, sent by e, to t: into the receive it matches,
@@ -204,6 +242,8 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 		}
 		act, ok := t.callHandler(tp, r.match, r.length, data)
 		switch {
+		case e.eng.localCur.r != r: // completed meanwhile (dropLocalIf)
+			return true
 		case e.closed:
 			e.complete(r, Closed)
 			return true

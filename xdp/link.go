@@ -291,12 +291,12 @@ func (s *Stats) Add(o Stats) {
 	s.QueueDrops += o.QueueDrops
 }
 
-// Errors returned by links. They are matched with errors.Is; the errors a
-// link returns wrap them with the operation and the interface.
 // MaxBufferBytes bounds the buffer area an AF_XDP link lends
 // (AFXDPConfig.BufferBytes).
 const MaxBufferBytes = 1 << 30
 
+// Errors returned by links. They are matched with errors.Is; the errors a
+// link returns wrap them with the operation and the interface.
 var (
 	// ErrFrameTooLong: a frame passed to Send is longer than MaxFrameLen.
 	ErrFrameTooLong = errors.New("frame longer than the link's MTU")

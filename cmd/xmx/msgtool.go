@@ -463,11 +463,14 @@ func hello(e *msglayer.Endpoint, to msglayer.Addr, size, window int, timeout tim
 
 // answerWatch ends a measurement whose peer stopped answering: a receive
 // names no peer, so its wait would last for ever. It cancels the context
-// when msglayer gives up on the peer, or when no answer came for
-// timeout (the peer may have died with nothing of ours in flight). The
-// measuring loop calls tick at each answer: an atomic add, no syscall.
+// when msglayer gives up on the peer, or when for timeout no answer came
+// and nothing was heard from the peer (it may have died with nothing of
+// ours in flight; a slow answer, a large message, is heard meanwhile:
+// pull requests, data, acks). The measuring loop calls tick at each
+// answer: an atomic add, no syscall.
 type answerWatch struct {
 	n    atomic.Uint64
+	held atomic.Bool // the measurement expects no answer now (hold)
 	stop context.CancelFunc
 }
 
@@ -484,15 +487,17 @@ func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duratio
 			case <-ctx.Done():
 				return
 			case now := <-t.C:
-				if n := w.n.Load(); n != last {
+				if n := w.n.Load(); n != last || w.held.Load() {
 					last, since = n, now
-				} else if now.Sub(since) >= timeout {
-					cancel(fmt.Errorf("no answer from %v for %v (-timeout): has its server stopped?", peer, timeout))
-					return
 				}
 				for _, p := range e.Peers() {
-					if p.Addr == peer && p.Dead {
+					switch {
+					case p.Addr != peer:
+					case p.Dead:
 						cancel(fmt.Errorf("peer %v stopped answering: %w", peer, msglayer.ErrUnreachable))
+						return
+					case now.Sub(since) >= timeout && p.LastHeard >= timeout:
+						cancel(fmt.Errorf("no answer from %v, and nothing heard from it, for %v (-timeout): has its server stopped?", peer, timeout))
 						return
 					}
 				}
@@ -502,7 +507,15 @@ func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duratio
 	return ctx, w
 }
 
-func (w *answerWatch) tick() { w.n.Add(1) }
+// tick counts an answer, and ends a hold.
+func (w *answerWatch) tick() {
+	w.n.Add(1)
+	w.held.Store(false)
+}
+
+// hold stops counting silence until the next tick: the measurement
+// prepares (its buffers, say) and expects no answer meanwhile.
+func (w *answerWatch) hold() { w.held.Store(true) }
 
 // why returns the reason the watch ended ctx, or err.
 func why(ctx context.Context, err error) error {

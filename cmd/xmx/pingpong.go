@@ -136,12 +136,14 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 const maxIters = 1 << 26
 
 func pingSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, peer msglayer.Addr, size, warmup, n int, sync, hist bool) (pingResult, error) {
+	watch.hold() // the time spent making the buffers is no silence
 	out, in := make([]byte, size), make([]byte, size)
 	for i := range out {
 		out[i] = byte(i)
 	}
 	outSegs, inSegs := [][]byte{out}, [][]byte{in}
 	rtts := make([]time.Duration, 0, n)
+	watch.tick() // ends the hold: the exchange starts
 	send := e.Isend
 	if sync {
 		send = e.Issend

@@ -148,6 +148,7 @@ second and the message rate.
 func streamSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, peer msglayer.Addr, buf []byte, window, count int, dur time.Duration) (streamResult, error) {
 	size := len(buf)
 	segs := [][]byte{buf}
+	watch.tick()
 	grp := e.NewGroup()
 	start := time.Now()
 	sent, inFlight := 0, 0
