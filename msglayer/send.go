@@ -141,9 +141,11 @@ func (g *engine) runLocal() {
 		m.r.ep.arriveLocal(m.to, m.r, true)
 		g.localCur = localMsg{}
 	}
-	if g.localHead == len(g.localIn) {
-		g.localIn, g.localHead = g.localIn[:0], 0
-	}
+	// The messages left (sent meanwhile) move to the front: the slice
+	// does not grow under a steady flow.
+	n := copy(g.localIn, g.localIn[g.localHead:])
+	clear(g.localIn[n:])
+	g.localIn, g.localHead = g.localIn[:n], 0
 	g.localRunning = false
 	g.localQueued.Store(g.localHead < len(g.localIn))
 }
