@@ -132,6 +132,10 @@ type engine struct {
 	localCur localMsg
 	// +checklocks:mu
 	localRunning bool
+	// localData holds a same-process message's data while the handler
+	// looks at it (arriveLocal): one call at a time.
+	// +checklocks:mu
+	localData []byte
 	// +checklocks:mu
 	epList []*Endpoint // the open endpoints, for loops
 	// +checklocks:mu

@@ -1,6 +1,7 @@
 package msglayer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -619,4 +620,47 @@ func TestGroupWaitersAllWokenAtClose(t *testing.T) {
 			t.Fatalf("group waiter %d still waiting 2 s after its only endpoint closed", i+1)
 		}
 	}
+}
+
+// TestLocalHandlerDataIsOwn: a Disconnect while the handler runs
+// completes the send at once and the sender reuses its buffer; the
+// handler, still running, must not see it change (found by a review: its
+// Data was the sender's buffer).
+func TestLocalHandlerDataIsOwn(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	got := make(chan []byte, 1)
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		if m.Match == 1 {
+			close(entered)
+			<-release
+			got <- append([]byte(nil), m.Data...)
+		}
+		return msglayer.Finished
+	}
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
+	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
+	ctx := ctxFor(t, 10*time.Second)
+	for _, e := range []*msglayer.Endpoint{a, b} {
+		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b's message first, so that a's waits in localIn and goes through the driver.
+	r, _ := b.Irecv(99, ^uint64(0), [][]byte{make([]byte, 1)}, nil)
+	go b.Wait(ctx, r) // keeps driving
+	buf := []byte("original")
+	s, _ := a.Isend(c.Addr(), 1, [][]byte{buf}, nil)
+	<-entered
+	a.Disconnect(c.Addr())
+	st, err := a.Wait(ctx, s)
+	t.Logf("send completed while its handler runs: %v %v", st.Code, err)
+	copy(buf, "CLOBBER!") // the send is complete: the buffer is ours again
+	close(release)
+	d := <-got
+	if !bytes.Equal(d, []byte("original")) {
+		t.Fatalf("handler's Data changed under it after the send completed: %q", d)
+	}
+	b.Cancel(r)
 }

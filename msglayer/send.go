@@ -231,16 +231,17 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 			return false
 		}
 		// The handler sees what it would over the network: the data of a
-		// message that would go in one eager frame (gathered; the copy is
-		// the unexpected message's if the handler lets it queue).
+		// message that would go in one eager frame, in a buffer of ours
+		// (as a frame would be): Close or Disconnect may complete the
+		// send while the handler runs, and the sender reuse its memory.
 		var data []byte
 		if !r.sync && r.length <= tp.eagerPayload() {
-			if len(r.segs) == 1 {
-				data = r.segs[0]
-			} else {
-				data = make([]byte, r.length)
-				copyFromSegs(data, r.segs, 0)
+			g := e.eng
+			if cap(g.localData) < r.length {
+				g.localData = make([]byte, tp.eagerPayload())
 			}
+			data = g.localData[:r.length]
+			copyFromSegs(data, r.segs, 0)
 		}
 		act, ok := t.callHandler(tp, r.match, r.length, data)
 		switch {
@@ -270,25 +271,20 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 			t.deliverLocal(r, rr, e.addr)
 			return true
 		}
-		t.queueLocal(tp, r, data)
-		return true
 	}
-	t.queueLocal(tp, r, nil)
+	t.queueLocal(tp, r)
 	return true
 }
 
 // queueLocal puts r, from peer tp, in t's unexpected queue: a copy within
-// the bound (data, when not nil and not the sender's own segment, is one
-// already made), else a record the receive will copy from.
+// the bound, else a record the receive will copy from.
 //
 // +checklocks:t.eng.mu
-func (t *Endpoint) queueLocal(tp *peer, r *request, data []byte) {
+func (t *Endpoint) queueLocal(tp *peer, r *request) {
 	u := &unexp{src: tp, match: r.match, msgLen: uint32(r.length)}
 	if !r.sync && r.length <= r.ep.cfg.RendezvousThreshold && t.unexpBytes+r.length <= t.cfg.UnexpectedBytes {
-		if u.data = data; len(r.segs) == 1 || data == nil {
-			u.data = make([]byte, r.length)
-			copyFromSegs(u.data, r.segs, 0)
-		}
+		u.data = make([]byte, r.length)
+		copyFromSegs(u.data, r.segs, 0)
 		u.received = u.msgLen
 		t.unexpBytes += r.length
 		t.stats.UnexpectedBytes += uint64(r.length)
