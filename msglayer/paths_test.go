@@ -365,7 +365,6 @@ func TestLocalHandlerOneAtATime(t *testing.T) {
 // the driver complete when their sender closes (Closed) or their
 // receiver does (Unreachable).
 func TestLocalQueuedAtClose(t *testing.T) {
-	w := memWorld(t, xdp.MemConfig{})
 	entered, release := make(chan struct{}), make(chan struct{})
 	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
 		if m.Match == 1 {
@@ -374,15 +373,7 @@ func TestLocalQueuedAtClose(t *testing.T) {
 		}
 		return msglayer.Continue
 	}
-	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
-	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
-	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
-	ctx := ctxFor(t, 10*time.Second)
-	for _, e := range []*msglayer.Endpoint{a, b} {
-		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, a, b, ctx := handlerTrio(t, h)
 	first, _ := a.Isend(c.Addr(), 1, [][]byte{[]byte("x")}, nil)
 	firstDone := make(chan msglayer.Status, 1)
 	go func() { st, _ := a.Wait(ctx, first); firstDone <- st }() // drives
@@ -506,7 +497,6 @@ func TestLocalOrderRecvPostedDuringHandler(t *testing.T) {
 // C: the send completes Aborted at once, as over the network, and C
 // never sees the message.
 func TestLocalQueuedAtDisconnect(t *testing.T) {
-	w := memWorld(t, xdp.MemConfig{})
 	entered, release := make(chan struct{}), make(chan struct{})
 	var seen []uint64
 	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
@@ -517,15 +507,7 @@ func TestLocalQueuedAtDisconnect(t *testing.T) {
 		}
 		return msglayer.Continue
 	}
-	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
-	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
-	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
-	ctx := ctxFor(t, 10*time.Second)
-	for _, e := range []*msglayer.Endpoint{a, b} {
-		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, a, b, ctx := handlerTrio(t, h)
 	s0, _ := b.Isend(c.Addr(), 0, [][]byte{[]byte("m0")}, nil)
 	go b.Wait(ctx, s0)
 	<-entered
@@ -548,7 +530,6 @@ func TestLocalQueuedAtDisconnect(t *testing.T) {
 // TestLocalCloseWhileHandedOver: A's message waits in the same round of
 // the driver as one whose handler runs; A's Close completes it at once.
 func TestLocalCloseWhileHandedOver(t *testing.T) {
-	w := memWorld(t, xdp.MemConfig{})
 	entered0, release0 := make(chan struct{}), make(chan struct{})
 	entered1, release1 := make(chan struct{}), make(chan struct{})
 	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
@@ -562,15 +543,7 @@ func TestLocalCloseWhileHandedOver(t *testing.T) {
 		}
 		return msglayer.Continue
 	}
-	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
-	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
-	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
-	ctx := ctxFor(t, 10*time.Second)
-	for _, e := range []*msglayer.Endpoint{a, b} {
-		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, a, b, ctx := handlerTrio(t, h)
 	s0, _ := b.Isend(c.Addr(), 0, [][]byte{[]byte("m0")}, nil)
 	go b.Wait(ctx, s0)
 	<-entered0
@@ -627,7 +600,6 @@ func TestGroupWaitersAllWokenAtClose(t *testing.T) {
 // handler, still running, must not see it change (found by a review: its
 // Data was the sender's buffer).
 func TestLocalHandlerDataIsOwn(t *testing.T) {
-	w := memWorld(t, xdp.MemConfig{})
 	entered, release := make(chan struct{}), make(chan struct{})
 	got := make(chan []byte, 1)
 	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
@@ -638,15 +610,7 @@ func TestLocalHandlerDataIsOwn(t *testing.T) {
 		}
 		return msglayer.Finished
 	}
-	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
-	a := w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
-	b := w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
-	ctx := ctxFor(t, 10*time.Second)
-	for _, e := range []*msglayer.Endpoint{a, b} {
-		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c, a, b, ctx := handlerTrio(t, h)
 	// b's message first, so that a's waits in localIn and goes through the driver.
 	r, _ := b.Irecv(99, ^uint64(0), [][]byte{make([]byte, 1)}, nil)
 	go b.Wait(ctx, r) // keeps driving
@@ -663,4 +627,21 @@ func TestLocalHandlerDataIsOwn(t *testing.T) {
 		t.Fatalf("handler's Data changed under it after the send completed: %q", d)
 	}
 	b.Cancel(r)
+}
+
+// handlerTrio opens, on one in-memory link, c (endpoint 3, with handler
+// h) and a and b (endpoints 4 and 5), both connected to c.
+func handlerTrio(t *testing.T, h func(msglayer.UnexpectedMessage) msglayer.HandlerAction) (c, a, b *msglayer.Endpoint, ctx context.Context) {
+	t.Helper()
+	w := memWorld(t, xdp.MemConfig{})
+	c = w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	a = w.open(t, 0, msglayer.Config{EndpointID: 4, Key: 4})
+	b = w.open(t, 0, msglayer.Config{EndpointID: 5, Key: 5})
+	ctx = ctxFor(t, 10*time.Second)
+	for _, e := range []*msglayer.Endpoint{a, b} {
+		if err := e.Connect(ctx, c.Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, a, b, ctx
 }
