@@ -18,30 +18,25 @@ import (
 // unexpected-message handler's Data, the codes of sends to an endpoint
 // that closed, and the counters.
 
-// threeEPs opens a and b on two links, and c on a's link (a's
-// same-process peer), with a connected to both.
-func threeEPs(t *testing.T, cfg msglayer.Config, h func(msglayer.UnexpectedMessage) msglayer.HandlerAction) (a, b, c *msglayer.Endpoint, l1 *xdp.MemLink) {
+// threeEPs opens a and b on the two links of an in-memory world, and c
+// on a's link (a's same-process peer), with a connected to both; b and c
+// have the handler h. It returns the world too, for more endpoints.
+func threeEPs(t *testing.T, cfg msglayer.Config, h func(msglayer.UnexpectedMessage) msglayer.HandlerAction) (a, b, c *msglayer.Endpoint, w world) {
 	t.Helper()
-	hub := xdp.NewHub(xdp.MemConfig{})
-	l0, l1 := hub.Attach(), hub.Attach()
-	t.Cleanup(func() { l0.Close(); l1.Close() })
-	rc := cfg
-	rc.UnexpectedHandler = h
-	a = openEP(t, withLink(cfg, l0, 1, 1))
-	b = openEP(t, withLink(rc, l1, 2, 2))
-	c = openEP(t, withLink(rc, l0, 3, 3))
+	w = memWorld(t, xdp.MemConfig{})
+	on := func(host int, id uint8, h func(msglayer.UnexpectedMessage) msglayer.HandlerAction) *msglayer.Endpoint {
+		c := cfg
+		c.EndpointID, c.Key, c.UnexpectedHandler = id, uint32(id), h
+		return w.open(t, host, c)
+	}
+	a, b, c = on(0, 1, nil), on(1, 2, h), on(0, 3, h)
 	ctx := ctxFor(t, 10*time.Second)
 	for _, p := range []*msglayer.Endpoint{b, c} {
 		if err := a.Connect(ctx, p.Addr(), uint32(p.Addr().EP)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return a, b, c, l1
-}
-
-func withLink(c msglayer.Config, l xdp.Link, id uint8, key uint32) msglayer.Config {
-	c.Link, c.EndpointID, c.Key = l, id, key
-	return c
+	return a, b, c, w
 }
 
 // TestSendXferLen checks the sender's XferLen as Status documents it: a
@@ -195,9 +190,11 @@ func TestMatchPairRefused(t *testing.T) {
 // give-up there), and not Closed, which would say the sender closed.
 func TestSendToClosedEndpoint(t *testing.T) {
 	cfg := msglayer.Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 30 * time.Millisecond}
-	a, b, c, l1 := threeEPs(t, cfg, nil)
+	a, b, c, w := threeEPs(t, cfg, nil)
 	// Another endpoint keeps b's engine (and link) open.
-	openEP(t, withLink(cfg, l1, 4, 4))
+	keep := cfg
+	keep.EndpointID, keep.Key = 4, 4
+	w.open(t, 1, keep)
 	ctx := ctxFor(t, 10*time.Second)
 	pending := map[string]msglayer.Request{}
 	for name, dst := range map[string]*msglayer.Endpoint{"network": b, "same-process": c} {
