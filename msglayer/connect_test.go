@@ -212,3 +212,60 @@ func TestOldSelfCopiesFlipFlop(t *testing.T) {
 		t.Errorf("each of 2 late copies of the old self's one connect tore down the live connection")
 	}
 }
+
+// mustComplete fails the test unless request r of e completed with want.
+func mustComplete(t *testing.T, e *Endpoint, r Request, want Code, what string) {
+	t.Helper()
+	st, ok, err := e.Test(r)
+	if !ok || st.Code != want {
+		t.Fatalf("%s: done %v, %v (%v), want %v", what, ok, st.Code, err, want)
+	}
+}
+
+// TestPullGivesUpOnTime: a pull whose data stops coming gives up GiveUp
+// after its last progress, not at its next probe, which the backoff put
+// later (GiveUp below MaxRTO): found late, the give-up tore down the
+// exchange the peer had begun again meanwhile (the exploration's seed
+// giveup/3451).
+func TestPullGivesUpOnTime(t *testing.T) {
+	const giveUp = 100 * time.Millisecond
+	n := newManNet(t, giveUp)
+	a, b := n.a, n.b
+	rc, _ := a.IConnect(b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, rc, Success, "connect")
+	r, _ := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 40000)}, nil)
+	if _, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 40000)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	start := n.clock.Now()
+	for step := 0; ; step++ {
+		// Every frame moves but the pull's data.
+		for range 10 {
+			fa, fb := n.la.take(), n.lb.take()
+			for _, f := range fa {
+				if h, err := decodeHeader(f); err == nil && h.typ != tPullReply {
+					n.deliver(b, f)
+				}
+			}
+			for _, f := range fb {
+				n.deliver(a, f)
+			}
+		}
+		if st, ok, _ := b.Test(r); ok {
+			if st.Code != Unreachable {
+				t.Fatalf("the receive ended %v, want Unreachable", st.Code)
+			}
+			if d := n.clock.Now() - start; d > int64(giveUp+10*time.Millisecond) {
+				t.Errorf("the pull gave up %v after its last data, GiveUp is %v", time.Duration(d), giveUp)
+			}
+			return
+		}
+		if step == 100 {
+			t.Fatal("the pull never gave up")
+		}
+		n.clock.Advance(5 * time.Millisecond)
+		n.timers(a)
+		n.timers(b)
+	}
+}

@@ -495,11 +495,16 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 }
 
 // pullTimers re-requests what did not come back in time and gives up on a
-// silent peer; it returns when it next needs to run.
+// silent peer; it returns when it next needs to run: the next probe, or
+// the give-up, whichever is first. A probe backed off past the give-up
+// (GiveUp below MaxRTO) must not leave the give-up to be found only at
+// that probe, by then perhaps after the peer came back and began a new
+// exchange, which the give-up would tear down.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
-	if now-pl.lastProgress > int64(e.cfg.GiveUp) {
+	giveUp := pl.lastProgress + int64(e.cfg.GiveUp)
+	if now > giveUp {
 		pl.peer.die(now)
 		return 0
 	}
@@ -517,7 +522,12 @@ func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
 			next = t
 		}
 	}
-	return next
+	if next == 0 {
+		// Nothing in flight: the pull waits for the engine's pull
+		// budget, a wait of ours that does not count (feedStarved).
+		return 0
+	}
+	return min(next, giveUp+1)
 }
 
 // endPull finishes a pull and its receive with code.
