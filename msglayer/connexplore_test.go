@@ -32,15 +32,35 @@ type explorer struct {
 	match    uint64
 	log      []string
 	restarts bool
+	// replays: besides the frames in flight, any frame sent before may
+	// arrive again, however late (history), and after the heal every
+	// connect and reply ever sent does.
+	replays bool
+	history []inFlight
 }
 
 func (x *explorer) collect() {
+	n := len(x.flight)
 	for _, f := range x.la.take() {
 		x.flight = append(x.flight, inFlight{x.b, f})
 	}
 	for _, f := range x.lb.take() {
 		x.flight = append(x.flight, inFlight{x.a, f})
 	}
+	if x.replays {
+		x.history = append(x.history, x.flight[n:]...)
+	}
+}
+
+// replay delivers again a frame sent at any time before, to the
+// endpoint that holds its destination address now.
+func (x *explorer) replay(f inFlight) {
+	to := x.a
+	if f.to.Addr() == x.b.Addr() {
+		to = x.b
+	}
+	x.logf("replay to %s: %s", x.name(to), frameDesc(f.f))
+	x.deliver(to, f.f)
 }
 
 func (x *explorer) name(e *Endpoint) string {
@@ -85,6 +105,10 @@ func (x *explorer) step() {
 	e := x.a
 	if x.rng.IntN(2) == 1 {
 		e = x.b
+	}
+	if x.replays && len(x.history) > 0 && x.rng.IntN(8) == 0 {
+		x.replay(x.history[x.rng.IntN(len(x.history))])
+		return
 	}
 	switch k := x.rng.IntN(20); {
 	case k < 8 && len(x.flight) > 0: // deliver one, out of order
@@ -142,7 +166,7 @@ func (x *explorer) step() {
 	}
 }
 
-func (x *explorer) send(e *Endpoint) {
+func (x *explorer) send(e *Endpoint) *xmsg {
 	o := x.other(e)
 	x.match++
 	m := &xmsg{from: e, to: o, match: x.match}
@@ -156,10 +180,11 @@ func (x *explorer) send(e *Endpoint) {
 	}
 	if m.s, err = e.Isend(o.Addr(), m.match, [][]byte{make([]byte, size)}, nil); err != nil {
 		o.Cancel(m.r)
-		return
+		return nil
 	}
 	x.logf("%s send %d", x.name(e), m.match)
 	x.msgs = append(x.msgs, m)
+	return m
 }
 
 // checkSafety: a send that completed Success was delivered.
@@ -229,14 +254,37 @@ func (x *explorer) heal(rounds int) error {
 		}
 		x.logf("heal round %d: %v %v", round, sa.Code, sb.Code)
 		if sa.Code == Success && sb.Code == Success {
+			if x.replays {
+				// Every connect and reply ever sent comes again: none
+				// may take either side away from the connection.
+				for _, f := range x.history {
+					if h, err := decodeHeader(f.f); err == nil && (h.typ == tConnect || h.typ == tConnectReply) {
+						x.replay(f)
+					}
+				}
+				x.lockstepLog()
+			}
+			// On a healed network, with both sides connected, a message
+			// each way must arrive.
+			var healed []*xmsg
 			for _, e := range []*Endpoint{x.a, x.b} {
-				x.send(e)
+				m := x.send(e)
+				if m == nil {
+					return fmt.Errorf("%s's Isend refused after both connected", x.name(e))
+				}
+				healed = append(healed, m)
 			}
 			x.settle(20, 5*time.Millisecond)
-			if err := x.checkSafety(); err != nil {
-				return err
+			x.settle(200, 10*time.Millisecond) // past the backoff of earlier retransmissions
+			for _, m := range healed {
+				st, ok, _ := m.from.Test(m.s)
+				rt, rok, _ := m.to.Test(m.r)
+				if !ok || st.Code != Success || !rok || rt.Code != Success {
+					return fmt.Errorf("message %d %s->%s on the healed network: send %v %v, receive %v %v\n%s%s", m.match, x.name(m.from), x.name(m.to),
+						ok, st.Code, rok, rt.Code, x.a.DebugPeer(x.b.Addr()), x.b.DebugPeer(x.a.Addr()))
+				}
+				m.s = Request{}
 			}
-			x.settle(200, 10*time.Millisecond)
 			if err := x.checkSafety(); err != nil {
 				return err
 			}
@@ -256,9 +304,12 @@ func (x *explorer) heal(rounds int) error {
 // duplicated; connects, disconnects, restarts, give-ups, small and
 // rendezvous sends), checking after every step that no send completed
 // with success without its receive, then heals the network and requires
-// both sides to connect and exchange messages. XMX_EXPLORE_SEEDS and
-// XMX_EXPLORE_STEPS set the size (default 100 seeds of 150 steps for
-// each of three variants).
+// both sides to connect and exchange messages. In the variant "replays"
+// any frame sent before may come again at any step, and once both sides
+// are connected after the heal every connect and reply ever sent does,
+// which must not cost a message. XMX_EXPLORE_SEEDS and XMX_EXPLORE_STEPS
+// set the size (default 100 seeds of 150 steps for each of four
+// variants).
 func TestExploreConnects(t *testing.T) {
 	seeds, steps := 100, 150
 	if s := os.Getenv("XMX_EXPLORE_STEPS"); s != "" {
@@ -274,12 +325,14 @@ func TestExploreConnects(t *testing.T) {
 		name     string
 		restarts bool
 		giveUp   time.Duration
-	}{{"plain", false, time.Hour}, {"restarts", true, time.Hour}, {"giveup", true, 150 * time.Millisecond}} {
+		replays  bool
+	}{{"plain", false, time.Hour, false}, {"restarts", true, time.Hour, false}, {"giveup", true, 150 * time.Millisecond, false},
+		{"replays", true, time.Hour, true}} {
 		t.Run(v.name, func(t *testing.T) {
 			fails := 0
 			for seed := range seeds {
 				ok := t.Run(fmt.Sprint(seed), func(t *testing.T) {
-					x := &explorer{manNet: newManNet(t, v.giveUp), rng: rand.New(rand.NewPCG(uint64(seed), 7)), restarts: v.restarts}
+					x := &explorer{manNet: newManNet(t, v.giveUp), rng: rand.New(rand.NewPCG(uint64(seed), 7)), restarts: v.restarts, replays: v.replays}
 					x.connectFirst()
 					for range steps {
 						x.step()

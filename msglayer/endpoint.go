@@ -322,6 +322,7 @@ type Counters struct {
 	EagerConverted      uint64 // our eager sends the receiver refused, resent as rendezvous
 	BadFrames           uint64 // frames that did not decode or named nothing here
 	StaleFrames         uint64 // frames of a dead session
+	Challenges          uint64 // keepalives asking a connected peer's self whether it lives: a connect (or reply) came from another self
 	BeyondWindow        uint64 // reliable frames too far ahead
 	PeersDead           uint64
 	Sends, Recvs        uint64

@@ -79,6 +79,19 @@ type peer struct {
 	// resets counts clear()s: a handler, which runs unlocked, that sees
 	// it change finds its peer's exchange forgotten (Disconnect, reset).
 	resets uint32
+
+	// held is a connect of another self of the peer that came while we
+	// were connected (challenge); challengeAt is when we last asked the
+	// self we know whether it lives.
+	held        heldConnect
+	challengeAt int64
+}
+
+// heldConnect is a connect that waits for the answer to a challenge: the
+// id it came from (0: none), that id's generation, its connect id and MTU.
+type heldConnect struct {
+	from, gen, connID uint32
+	mtu               int
 }
 
 // txSlot holds one reliable frame until it is acknowledged.
@@ -204,6 +217,36 @@ func (p *peer) isCopy(x, connID uint32) bool {
 	return false
 }
 
+// Challenges. A connect (or a connect's reply) from another self of the
+// peer, while we are connected to one, means that the peer restarted, or
+// is a late copy from a self that is gone: sessions are random, so two
+// selves cannot be ordered. Taking it in the second case would leave a
+// live connection for a dead self. So we ask instead, as TCP answers a
+// SYN in an established connection with a challenge ack (RFC 5961): a
+// keepalive to the self we know, at the peer's address, which only one
+// self holds at a time. That self, alive, answers it with an ack and the
+// connect stays unanswered (its sender is gone); another self there now
+// nacks it (it does not know the pair), and we reset (onSessionNack) and
+// take the held connect at once if the nack comes from its id. A live
+// sender whose connect we held and whose nack was lost sends the connect
+// again (ConnectRetry), which asks again.
+
+// challenge holds connect connID of id x (generation gen), MTU mtu, and
+// asks the self we know whether it lives, at most once per timeout. A
+// reply's challenge holds nothing (x is 0): the reset the nack brings
+// sends the connect again from a new id, which the new self takes.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) challenge(x, gen, connID uint32, mtu int, now int64) {
+	p.held = heldConnect{from: x, gen: gen, connID: connID, mtu: mtu}
+	if p.challengeAt != 0 && now-p.challengeAt < p.rto {
+		return
+	}
+	p.challengeAt = now
+	p.ep.stats.Challenges++
+	p.sendCtl(tKeepalive, flagWantAck, nil)
+}
+
 // took records that we took connect connID from id x.
 func (p *peer) took(x, connID uint32) {
 	if x != p.taken.from {
@@ -241,6 +284,7 @@ func (p *peer) pair(x, gen uint32) {
 	}
 	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil
+	p.held = heldConnect{}
 	if leaving && !sameSelf {
 		p.newID()
 	}
@@ -272,6 +316,7 @@ func (p *peer) clear(code Code) {
 	p.pullSRTT, p.pullVar = 0, 0
 	p.probed = probedBlock{}
 	p.dead = false
+	p.held, p.challengeAt = heldConnect{}, 0
 }
 
 // failAll completes every pending operation with this peer with code.

@@ -122,52 +122,75 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 	if reason == nackBadEndpoint {
 		code = BadEndpoint
 	}
+	held := p.held
 	p.reset(code)
+	if code == BadSession && held.from != 0 && held.from == h.srcSession {
+		// It answers a challenge, from the self whose connect we held:
+		// that self holds the peer's address now.
+		e.takeConnect(src, p, held.from, held.gen, held.connID, held.mtu, e.eng.readClock())
+	}
 	return true
 }
 
 // onConnect answers a connect request. A connect from the peer's id we
 // are paired with is answered again, changing nothing; a new connect
 // pairs us with its id (pair), unless we are paired with a newer id of
-// the peer; a copy of a connect we took before pairs nothing.
+// the peer's self, or with another self, which we first ask whether it
+// lives (challenge); a copy of a connect we took before pairs nothing.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	key, connID, mtu := getConnect(th)
-	code := Success
-	id, gen := e.session, uint32(0) // our id in the reply
 	if key != e.cfg.Key {
-		code = BadKey
-	} else {
-		p := e.peerFor(src)
-		x, xgen := h.srcSession, h.seq
-		copied := p.isCopy(x, connID)
-		switch {
-		case p.connected && p.is(x, xgen):
-			// A copy, or another connect of the id we are paired with.
-		case p.connected && p.older(x, xgen):
-			e.stats.StaleFrames++ // its sender is gone: nobody waits for the answer
-			return
-		case copied:
-			// A copy of a connect we took before: we forgot the peer
-			// since, or the peer moved on. It is over, and must not
-			// pair us again.
-			code = Aborted
-		default:
-			p.pair(x, xgen)
-		}
-		if code == Success {
-			if !copied {
-				p.took(x, connID)
-			}
-			p.mtu = negotiateMTU(e.eng.mtu, mtu)
-			p.lastHeard = now
-		}
-		id, gen = p.localID, p.localGen
+		e.sendConnReply(src, h.srcSession, e.session, 0, connID, BadKey)
+		return
 	}
+	p := e.peerFor(src)
+	x, xgen := h.srcSession, h.seq
+	copied := p.isCopy(x, connID)
+	switch {
+	case p.connected && p.is(x, xgen):
+		// A copy, or another connect of the id we are paired with.
+	case p.connected && p.older(x, xgen):
+		e.stats.StaleFrames++ // its sender is gone: nobody waits for the answer
+		return
+	case copied:
+		// A copy of a connect we took before: we forgot the peer since,
+		// or the peer moved on. It is over, and must not pair us again.
+		e.sendConnReply(src, x, p.localID, p.localGen, connID, Aborted)
+		return
+	case p.connected && p.local == nil && !p.sameSelf(x, xgen):
+		p.challenge(x, xgen, connID, mtu, now)
+		return
+	}
+	e.takeConnect(src, p, x, xgen, connID, mtu, now)
+}
+
+// takeConnect pairs p with id x of generation gen, whose connect connID
+// (MTU mtu) we take, and answers it. A copy of a connect taken before,
+// from the id we are paired with, is answered again.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int, now int64) {
+	if !p.isCopy(x, connID) {
+		p.took(x, connID)
+	}
+	if !(p.connected && p.is(x, gen)) {
+		p.pair(x, gen)
+	}
+	p.mtu = negotiateMTU(e.eng.mtu, mtu)
+	p.lastHeard = now
+	e.sendConnReply(src, x, p.localID, p.localGen, connID, Success)
+}
+
+// sendConnReply answers connect connID of id dst at src with code, from
+// our id (of generation gen).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) sendConnReply(src Addr, dst, id, gen, connID uint32, code Code) {
 	g := e.eng
 	b := g.scratchBuf()
-	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: id, seq: gen}
+	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: dst, srcSession: id, seq: gen}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
 	e.sendFrame(b[:frameLen(tConnectReply, 0)])
@@ -176,8 +199,8 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 // onConnectReply completes the connect the reply answers. A success pairs
 // us with the id the reply comes from; while we are paired with another
 // id of the peer, a reply from an older one of its self is left for the
-// answer to the connect's next copy, and one from another self starts the
-// connection over (reset).
+// answer to the connect's next copy, and one from another self makes us
+// ask the self we know whether it lives (challenge).
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
@@ -197,13 +220,20 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 				p.pair(x, gen)
 			case p.older(x, gen):
 				return
+			case p.local != nil:
+				// A same-process peer, which no frame reaches to ask:
+				// start over (the connect, sent again, pairs us).
+				p.reset(BadSession)
+				return
 			default:
 				// Another self of the peer took the connect while we are
-				// paired with the old one. Pairing would take us a new id
-				// (pair), which the peer does not know: we start over
-				// from a new id (reset), which the connect, sent again,
-				// announces.
-				p.reset(BadSession)
+				// paired with one: the peer restarted, or the reply is a
+				// late one from a self that is gone. We ask the self we
+				// know (challenge). If another self holds the address
+				// now, its nack resets us, and the connect, sent again
+				// from our new id, pairs us with it: pairing now would
+				// take us a new id (pair), which it does not know.
+				p.challenge(0, 0, 0, 0, now)
 				return
 			}
 			p.mtu = negotiateMTU(e.eng.mtu, mtu)

@@ -1,6 +1,7 @@
 package msglayer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -531,11 +532,12 @@ func checkDelivered(t *testing.T, from, to *Endpoint, match uint64) {
 
 // TestLateConnectOfOldSelf: a connect b sent just before it restarted
 // reaches a after b's new self connected and a began a rendezvous with
-// it. a leaves the new self for the old one (its pending send fails) and
-// its application connects again. a's record once kept its id through
-// that, so the new self took a's connect as a copy and kept its sequence
-// numbers while a's started again at 0: a's next message was acked as a
-// duplicate and never delivered.
+// it. a must not leave the live new self for the dead old one: it asks
+// the new self whether it lives (a challenge, answered with an ack), and
+// the rendezvous completes once b2 takes it. (a once left the new self,
+// failing the send with BadSession, and before that kept its id through
+// the change, so that the new self took a's next connect as a copy and a's
+// next message was acked as a duplicate and never delivered.)
 func TestLateConnectOfOldSelf(t *testing.T) {
 	a, b, la, lb := connectedPair(t, Config{GiveUp: time.Second}, Config{GiveUp: time.Second})
 	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
@@ -553,17 +555,35 @@ func TestLateConnectOfOldSelf(t *testing.T) {
 	if err := b2.Connect(ctx, a.Addr(), 0xa); err != nil {
 		t.Fatal(err)
 	}
-	// A rendezvous b2 does not take: its record is acked, and the send
-	// waits until the old self's connect arrives.
-	s, err := a.Isend(b2.Addr(), 42, [][]byte{make([]byte, 1<<20)}, nil)
+	// A rendezvous b2 takes only after the old self's connect arrived.
+	big := make([]byte, 1<<20)
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	s, err := a.Isend(b2.Addr(), 42, [][]byte{big}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st, err := a.Wait(ctx, s); err == nil {
-		t.Logf("the rendezvous completed: %v", st.Code)
+	for a.Counters().Challenges == 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("the old self's connect never reached a: no challenge\n%s", a.DebugPeer(b2.Addr()))
+		}
+		time.Sleep(time.Millisecond)
 	}
-	if err := a.Connect(ctx, b2.Addr(), 0xb); err != nil {
+	time.Sleep(20 * time.Millisecond) // the challenge's answer
+	if st, ok, _ := a.Test(s); ok {
+		t.Fatalf("a's rendezvous to the live new self ended with %v when the old self's connect came", st.Code)
+	}
+	got := make([]byte, len(big))
+	r, err := b2.Irecv(42, ^uint64(0), [][]byte{got}, nil)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if st, err := b2.Wait(ctx, r); err != nil || !bytes.Equal(got, big) {
+		t.Fatalf("b2's receive: %v %v (data equal %v)", st.Code, err, bytes.Equal(got, big))
+	}
+	if st, err := a.Wait(ctx, s); err != nil {
+		t.Fatalf("a's send: %v %v", st.Code, err)
 	}
 	checkDelivered(t, a, b2, 7)
 	checkDelivered(t, b2, a, 8)
