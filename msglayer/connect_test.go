@@ -3,6 +3,7 @@ package msglayer
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -307,16 +308,61 @@ func TestLateReplyOfOldSelf(t *testing.T) {
 
 // TestPullGivesUpOnTime: a pull whose data stops coming gives up GiveUp
 // after its last progress, not at its next probe, which the backoff put
-// later (GiveUp below MaxRTO): found late, the give-up tore down the
-// exchange the peer had begun again meanwhile (the exploration's seed
-// giveup/3451).
+// later (GiveUp below MaxRTO), nor at its first probe, which a round
+// trip longer than GiveUp puts later: found late, the give-up tore down
+// the exchange the peer had begun again meanwhile (the exploration's seed
+// giveup/3451). A GiveUp that means never does not overflow.
 func TestPullGivesUpOnTime(t *testing.T) {
 	const giveUp = 100 * time.Millisecond
-	n := newManNet(t, giveUp)
+	t.Run("backoff", func(t *testing.T) {
+		n := newManNet(t, giveUp)
+		if d, code := pullGiveUp(t, n, 100, nil); code != Unreachable || d > giveUp+10*time.Millisecond {
+			t.Errorf("the pull ended %v %v after its last data, want Unreachable after GiveUp %v", code, d, giveUp)
+		}
+	})
+	t.Run("slow-peer", func(t *testing.T) {
+		n := newManNet(t, giveUp)
+		// One round trip of 80 ms: b's timeout (240 ms) is now longer
+		// than GiveUp, and so is its pull's first probe.
+		slow := func() {
+			s, _ := n.b.Isend(n.a.Addr(), 9, [][]byte{make([]byte, 8)}, nil)
+			n.b.Forget(s)
+			n.timers(n.b) // stamps the frame sent
+			for _, f := range n.lb.take() {
+				n.deliver(n.a, f)
+			}
+			n.clock.Advance(80 * time.Millisecond)
+			n.timers(n.a) // the delayed ack
+			for _, f := range n.la.take() {
+				n.deliver(n.b, f)
+			}
+		}
+		if d, code := pullGiveUp(t, n, 100, slow); code != Unreachable || d > giveUp+10*time.Millisecond {
+			t.Errorf("the pull ended %v %v after its last data, want Unreachable after GiveUp %v", code, d, giveUp)
+		}
+	})
+	t.Run("never", func(t *testing.T) {
+		n := newManNet(t, time.Duration(math.MaxInt64))
+		if d, code := pullGiveUp(t, n, 60, nil); code != 0 {
+			t.Errorf("with GiveUp %v the pull ended %v after %v", time.Duration(math.MaxInt64), code, d)
+		}
+	})
+}
+
+// pullGiveUp connects n's endpoints, runs prep (if not nil), has b pull a 40000-byte rendezvous
+// from a whose data never arrives (every other frame does), and steps the
+// clock 5 ms at a time, at most steps times, until b's receive ends. It
+// returns how long after the pull began that was, and the receive's code
+// (0 if it never ended).
+func pullGiveUp(t *testing.T, n *manNet, steps int, prep func()) (time.Duration, Code) {
+	t.Helper()
 	a, b := n.a, n.b
 	rc, _ := a.IConnect(b.Addr(), 0xb, nil)
 	n.lockstep()
 	mustComplete(t, a, rc, Success, "connect")
+	if prep != nil {
+		prep()
+	}
 	r, _ := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 40000)}, nil)
 	if _, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 40000)}, nil); err != nil {
 		t.Fatal(err)
@@ -336,16 +382,10 @@ func TestPullGivesUpOnTime(t *testing.T) {
 			}
 		}
 		if st, ok, _ := b.Test(r); ok {
-			if st.Code != Unreachable {
-				t.Fatalf("the receive ended %v, want Unreachable", st.Code)
-			}
-			if d := n.clock.Now() - start; d > int64(giveUp+10*time.Millisecond) {
-				t.Errorf("the pull gave up %v after its last data, GiveUp is %v", time.Duration(d), giveUp)
-			}
-			return
+			return time.Duration(n.clock.Now() - start), st.Code
 		}
-		if step == 100 {
-			t.Fatal("the pull never gave up")
+		if step == steps {
+			return time.Duration(n.clock.Now() - start), 0
 		}
 		n.clock.Advance(5 * time.Millisecond)
 		n.timers(a)

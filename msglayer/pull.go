@@ -1,6 +1,9 @@
 package msglayer
 
-import "math/bits"
+import (
+	"math"
+	"math/bits"
+)
 
 // Rendezvous pulls. A large (or synchronous, or converted) message leaves
 // only its record at the receiver; once a receive matches it, the
@@ -288,7 +291,7 @@ func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 	b.sentAt = now
-	e.arm(&pl.tm, b.due(pl, int64(e.cfg.MaxRTO)))
+	e.arm(&pl.tm, min(b.due(pl, int64(e.cfg.MaxRTO)), e.pullGiveUpAt(pl)))
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
 		mask: mask, frameBytes: pl.frameBytes}
@@ -494,17 +497,31 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 	}
 }
 
+// pullGiveUpAt is when pull pl gives up on its peer if no data comes
+// before (GiveUp after its last progress; saturated, for a GiveUp that
+// means never). The pull's timer runs then at the latest (pullReq,
+// pullTimers): a probe backed off past it (GiveUp below MaxRTO, or a
+// first probe after a round trip longer than GiveUp) must not leave the
+// give-up to be found only at that probe, by then perhaps after the peer
+// came back and began a new exchange, which the give-up would tear down.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) pullGiveUpAt(pl *pull) int64 {
+	g := int64(e.cfg.GiveUp)
+	if pl.lastProgress > math.MaxInt64-1-g {
+		return math.MaxInt64
+	}
+	return pl.lastProgress + g + 1
+}
+
 // pullTimers re-requests what did not come back in time and gives up on a
 // silent peer; it returns when it next needs to run: the next probe, or
-// the give-up, whichever is first. A probe backed off past the give-up
-// (GiveUp below MaxRTO) must not leave the give-up to be found only at
-// that probe, by then perhaps after the peer came back and began a new
-// exchange, which the give-up would tear down.
+// the give-up, whichever is first.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
-	giveUp := pl.lastProgress + int64(e.cfg.GiveUp)
-	if now > giveUp {
+	giveUp := e.pullGiveUpAt(pl)
+	if now >= giveUp {
 		pl.peer.die(now)
 		return 0
 	}
@@ -527,7 +544,7 @@ func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
 		// budget, a wait of ours that does not count (feedStarved).
 		return 0
 	}
-	return min(next, giveUp+1)
+	return min(next, giveUp)
 }
 
 // endPull finishes a pull and its receive with code.
