@@ -3,6 +3,7 @@ package msglayer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -255,13 +256,23 @@ func TestRestartTakenAfterChallenge(t *testing.T) {
 	if bl, _, _ := n.ids(b2, a); !conn || remote != bl {
 		t.Errorf("a paired %v with generation %d of b's id, b2 is at %d", conn, remote, bl)
 	}
-	for i, d := range [][2]*Endpoint{{a, b2}, {b2, a}} {
-		r, _ := d[1].Irecv(uint64(10+i), ^uint64(0), [][]byte{make([]byte, 40000)}, nil)
-		s, _ := d[0].Isend(d[1].Addr(), uint64(10+i), [][]byte{make([]byte, 40000)}, nil)
-		n.settle(5, time.Millisecond)
-		mustComplete(t, d[0], s, Success, "send after the restart")
-		mustComplete(t, d[1], r, Success, "receive after the restart")
+	n.exchange(a, b2, 10)
+	n.exchange(b2, a, 11)
+}
+
+// exchange sends a 40000-byte message (a rendezvous) from one endpoint of
+// n to the other, its receive posted first, and fails the test unless
+// both ends complete with success within a few rounds.
+func (n *manNet) exchange(from, to *Endpoint, match uint64) {
+	n.t.Helper()
+	r, _ := to.Irecv(match, ^uint64(0), [][]byte{make([]byte, 40000)}, nil)
+	s, err := from.Isend(to.Addr(), match, [][]byte{make([]byte, 40000)}, nil)
+	if err != nil {
+		n.t.Fatalf("send %d: %v", match, err)
 	}
+	n.settle(5, time.Millisecond)
+	mustComplete(n.t, from, s, Success, fmt.Sprintf("send %d", match))
+	mustComplete(n.t, to, r, Success, fmt.Sprintf("receive %d", match))
 }
 
 // TestLateReplyOfOldSelf: a's connect reached b, whose reply is delayed;
@@ -391,4 +402,66 @@ func pullGiveUp(t *testing.T, n *manNet, steps int, prep func()) (time.Duration,
 		n.timers(a)
 		n.timers(b)
 	}
+}
+
+// TestHeldConnectKeptThroughStaleCopy: a holds the connect of b's new
+// self (b2) while it asks b1, the self it is connected to, whether it
+// lives; a late connect of an older self (b0) then arrives. It must not
+// take the place of b2's connect: b2's nack makes a take b2's connect at
+// once, with no connect retry.
+func TestHeldConnectKeptThroughStaleCopy(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a := n.a
+	n.b.IConnect(a.Addr(), 0xa, nil)
+	stale := n.lb.take() // b0's connect, late
+	b1 := n.restart(n.b)
+	r1, _ := b1.IConnect(a.Addr(), 0xa, nil)
+	n.lockstep()
+	mustComplete(t, b1, r1, Success, "b1's connect")
+	b2 := n.restart(b1)
+	r2, _ := b2.IConnect(a.Addr(), 0xa, nil)
+	for _, f := range n.lb.take() {
+		n.deliver(a, f) // b2's connect: held, b1 asked
+	}
+	n.deliver(a, stale[0])
+	n.lockstep() // no clock step: no connect is sent again
+	mustComplete(t, b2, r2, Success, "b2's connect")
+	n.exchange(a, b2, 7)
+}
+
+// TestHeldConnectKeptThroughReplyChallenge: a, connected to b1, and b's
+// new self b2 connect to each other at once. a holds b2's connect and
+// asks b1; b2 takes a's connect, and its reply reaches a before its nack
+// of the question. The reply (from another self than b1) asks again: it
+// must not drop the held connect, which b2's nack then makes a take.
+func TestHeldConnectKeptThroughReplyChallenge(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a := n.a
+	r0, _ := a.IConnect(n.b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, r0, Success, "first connect")
+	b2 := n.restart(n.b)
+	ra, _ := a.IConnect(b2.Addr(), 0xb, nil)
+	rb, _ := b2.IConnect(a.Addr(), 0xa, nil)
+	aConnect, bConnect := n.la.take(), n.lb.take()
+	for _, f := range bConnect {
+		n.deliver(a, f) // held; a asks b1 (a keepalive)
+	}
+	question := n.la.take()
+	for _, f := range aConnect {
+		n.deliver(b2, f) // taken: b2 replies
+	}
+	reply := n.lb.take()
+	for _, f := range question {
+		n.deliver(b2, f) // b2 nacks it
+	}
+	nack := n.lb.take()
+	for _, f := range append(reply, nack...) {
+		n.deliver(a, f)
+	}
+	n.lockstep() // no clock step: no connect is sent again
+	mustComplete(t, b2, rb, Success, "b2's connect")
+	mustComplete(t, a, ra, Success, "a's connect")
+	n.exchange(a, b2, 7)
+	n.exchange(b2, a, 8)
 }

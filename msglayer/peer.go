@@ -80,10 +80,11 @@ type peer struct {
 	// it change finds its peer's exchange forgotten (Disconnect, reset).
 	resets uint32
 
-	// held is a connect of another self of the peer that came while we
-	// were connected (challenge); challengeAt is when we last asked the
-	// self we know whether it lives.
-	held        heldConnect
+	// held are the connects of the last two other selves of the peer
+	// that came while we were connected (challenge), newest first;
+	// challengeAt is when we last asked the self we know whether it
+	// lives.
+	held        [2]heldConnect
 	challengeAt int64
 }
 
@@ -227,18 +228,37 @@ func (p *peer) isCopy(x, connID uint32) bool {
 // self holds at a time. That self, alive, answers it with an ack and the
 // connect stays unanswered (its sender is gone); another self there now
 // nacks it (it does not know the pair), and we reset (onSessionNack) and
-// take the held connect at once if the nack comes from its id. A live
-// sender whose connect we held and whose nack was lost sends the connect
-// again (ConnectRetry), which asks again.
+// take the held connect at once if the nack comes from its id. Two
+// connects are held, of the last two selves that sent one: a late copy
+// from a third, dead self does not push out the live one's. A live
+// sender whose connect we still lost (its nack lost too, or pushed out)
+// sends it again (ConnectRetry), which asks again.
+//
+// The self we know answers with an ack when its record is paired with
+// us as we are with it; one that forgot us nacks (it does not know the
+// pair) and we reset, as we would at any of its frames; one waiting for
+// the reply to a connect of its own drops it (awaitsReply), and its
+// connect, which pairs us again, comes anyway. No endpoint at the
+// address: no answer, and the connection stays until its give-up.
 
 // challenge holds connect connID of id x (generation gen), MTU mtu, and
 // asks the self we know whether it lives, at most once per timeout. A
-// reply's challenge holds nothing (x is 0): the reset the nack brings
-// sends the connect again from a new id, which the new self takes.
+// reply's challenge (x is 0) holds nothing and keeps the connects held:
+// the reset the nack brings sends our connect again from a new id, which
+// the new self takes.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) challenge(x, gen, connID uint32, mtu int, now int64) {
-	p.held = heldConnect{from: x, gen: gen, connID: connID, mtu: mtu}
+	if x != 0 {
+		c := heldConnect{from: x, gen: gen, connID: connID, mtu: mtu}
+		if p.held[0].from != x {
+			p.held[1] = p.held[0]
+			if p.held[1].from == x {
+				p.held[1] = heldConnect{}
+			}
+		}
+		p.held[0] = c
+	}
 	if p.challengeAt != 0 && now-p.challengeAt < p.rto {
 		return
 	}
@@ -284,7 +304,7 @@ func (p *peer) pair(x, gen uint32) {
 	}
 	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil
-	p.held = heldConnect{}
+	p.held = [2]heldConnect{}
 	if leaving && !sameSelf {
 		p.newID()
 	}
@@ -316,7 +336,7 @@ func (p *peer) clear(code Code) {
 	p.pullSRTT, p.pullVar = 0, 0
 	p.probed = probedBlock{}
 	p.dead = false
-	p.held, p.challengeAt = heldConnect{}, 0
+	p.held, p.challengeAt = [2]heldConnect{}, 0
 }
 
 // failAll completes every pending operation with this peer with code.

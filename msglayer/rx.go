@@ -124,10 +124,13 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 	}
 	held := p.held
 	p.reset(code)
-	if code == BadSession && held.from != 0 && held.from == h.srcSession {
-		// It answers a challenge, from the self whose connect we held:
-		// that self holds the peer's address now.
-		e.takeConnect(src, p, held.from, held.gen, held.connID, held.mtu, e.eng.readClock())
+	for _, c := range held {
+		if code == BadSession && c.from != 0 && c.from == h.srcSession {
+			// It answers a challenge, from a self whose connect we
+			// held: that self holds the peer's address now.
+			e.takeConnect(src, p, c.from, c.gen, c.connID, c.mtu, e.eng.readClock())
+			break
+		}
 	}
 	return true
 }
