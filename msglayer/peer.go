@@ -80,12 +80,18 @@ type peer struct {
 	// it change finds its peer's exchange forgotten (Disconnect, reset).
 	resets uint32
 
-	// held are the connects of the last two other selves of the peer
-	// that came while we were connected (challenge), newest first;
-	// challengeAt is when we last asked the self we know whether it
-	// lives.
-	held        [2]heldConnect
-	challengeAt int64
+	// ch is what a challenge left (nil before the first): rare, and
+	// apart from the record, whose size the frame path feels.
+	ch *challengeState
+}
+
+// challengeState is a peer's state of challenges: the connects of the
+// last two other selves of the peer that came while we were connected,
+// newest first, and when we last asked the self we know whether it
+// lives.
+type challengeState struct {
+	held [2]heldConnect
+	at   int64
 }
 
 // heldConnect is a connect that waits for the answer to a challenge: the
@@ -249,20 +255,20 @@ func (p *peer) isCopy(x, connID uint32) bool {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) challenge(x, gen, connID uint32, mtu int, now int64) {
-	if x != 0 {
-		c := heldConnect{from: x, gen: gen, connID: connID, mtu: mtu}
-		if p.held[0].from != x {
-			p.held[1] = p.held[0]
-			if p.held[1].from == x {
-				p.held[1] = heldConnect{}
-			}
-		}
-		p.held[0] = c
+	if p.ch == nil {
+		p.ch = new(challengeState)
 	}
-	if p.challengeAt != 0 && now-p.challengeAt < p.rto {
+	ch := p.ch
+	if x != 0 {
+		if ch.held[0].from != x {
+			ch.held[1] = ch.held[0]
+		}
+		ch.held[0] = heldConnect{from: x, gen: gen, connID: connID, mtu: mtu}
+	}
+	if ch.at != 0 && now-ch.at < p.rto {
 		return
 	}
-	p.challengeAt = now
+	ch.at = now
 	p.ep.stats.Challenges++
 	p.sendCtl(tKeepalive, flagWantAck, nil)
 }
@@ -304,7 +310,9 @@ func (p *peer) pair(x, gen uint32) {
 	}
 	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil
-	p.held = [2]heldConnect{}
+	if p.ch != nil {
+		p.ch.held = [2]heldConnect{}
+	}
 	if leaving && !sameSelf {
 		p.newID()
 	}
@@ -336,7 +344,7 @@ func (p *peer) clear(code Code) {
 	p.pullSRTT, p.pullVar = 0, 0
 	p.probed = probedBlock{}
 	p.dead = false
-	p.held, p.challengeAt = [2]heldConnect{}, 0
+	p.ch = nil
 }
 
 // failAll completes every pending operation with this peer with code.

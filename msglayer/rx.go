@@ -122,7 +122,10 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 	if reason == nackBadEndpoint {
 		code = BadEndpoint
 	}
-	held := p.held
+	var held [2]heldConnect
+	if p.ch != nil {
+		held = p.ch.held
+	}
 	p.reset(code)
 	for _, c := range held {
 		if code == BadSession && c.from != 0 && c.from == h.srcSession {
