@@ -3,7 +3,6 @@ package msglayer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -217,15 +216,6 @@ func TestOldSelfCopiesFlipFlop(t *testing.T) {
 	}
 }
 
-// mustComplete fails the test unless request r of e completed with want.
-func mustComplete(t *testing.T, e *Endpoint, r Request, want Code, what string) {
-	t.Helper()
-	st, ok, err := e.Test(r)
-	if !ok || st.Code != want {
-		t.Fatalf("%s: done %v, %v (%v), want %v", what, ok, st.Code, err, want)
-	}
-}
-
 // TestRestartTakenAfterChallenge: a is connected to b when b restarts
 // and connects again. a asks the old self whether it lives (a keepalive
 // to the pair it knows); the new self, which holds b's address now,
@@ -258,21 +248,6 @@ func TestRestartTakenAfterChallenge(t *testing.T) {
 	}
 	n.exchange(a, b2, 10)
 	n.exchange(b2, a, 11)
-}
-
-// exchange sends a 40000-byte message (a rendezvous) from one endpoint of
-// n to the other, its receive posted first, and fails the test unless
-// both ends complete with success within a few rounds.
-func (n *manNet) exchange(from, to *Endpoint, match uint64) {
-	n.t.Helper()
-	r, _ := to.Irecv(match, ^uint64(0), [][]byte{make([]byte, 40000)}, nil)
-	s, err := from.Isend(to.Addr(), match, [][]byte{make([]byte, 40000)}, nil)
-	if err != nil {
-		n.t.Fatalf("send %d: %v", match, err)
-	}
-	n.settle(5, time.Millisecond)
-	mustComplete(n.t, from, s, Success, fmt.Sprintf("send %d", match))
-	mustComplete(n.t, to, r, Success, fmt.Sprintf("receive %d", match))
 }
 
 // TestLateReplyOfOldSelf: a's connect reached b, whose reply is delayed;

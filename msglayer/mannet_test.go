@@ -2,6 +2,7 @@ package msglayer
 
 import (
 	"bytes"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -161,4 +162,28 @@ func (n *manNet) ids(e, o *Endpoint) (l, r uint32, conn bool) {
 		return
 	}
 	return p.localGen, p.remoteGen, p.connected
+}
+
+// exchange sends a 40000-byte message (a rendezvous) from one endpoint of
+// n to the other, its receive posted first, and fails the test unless
+// both ends complete with success within a few rounds.
+func (n *manNet) exchange(from, to *Endpoint, match uint64) {
+	n.t.Helper()
+	r, _ := to.Irecv(match, ^uint64(0), [][]byte{make([]byte, 40000)}, nil)
+	s, err := from.Isend(to.Addr(), match, [][]byte{make([]byte, 40000)}, nil)
+	if err != nil {
+		n.t.Fatalf("send %d: %v", match, err)
+	}
+	n.settle(5, time.Millisecond)
+	mustComplete(n.t, from, s, Success, fmt.Sprintf("send %d", match))
+	mustComplete(n.t, to, r, Success, fmt.Sprintf("receive %d", match))
+}
+
+// mustComplete fails the test unless request r of e completed with want.
+func mustComplete(t *testing.T, e *Endpoint, r Request, want Code, what string) {
+	t.Helper()
+	st, ok, err := e.Test(r)
+	if !ok || st.Code != want {
+		t.Fatalf("%s: done %v, %v (%v), want %v", what, ok, st.Code, err, want)
+	}
 }

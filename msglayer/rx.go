@@ -127,8 +127,11 @@ func (e *Endpoint) onSessionNack(src Addr, h *header, th []byte) bool {
 		held = p.ch.held
 	}
 	p.reset(code)
+	if code != BadSession {
+		return true
+	}
 	for _, c := range held {
-		if code == BadSession && c.from != 0 && c.from == h.srcSession {
+		if c.from != 0 && c.from == h.srcSession {
 			// It answers a challenge, from a self whose connect we
 			// held: that self holds the peer's address now.
 			e.takeConnect(src, p, c.from, c.gen, c.connID, c.mtu, e.eng.readClock())
@@ -165,7 +168,7 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 		// or the peer moved on. It is over, and must not pair us again.
 		e.sendConnReply(src, x, p.localID, p.localGen, connID, Aborted)
 		return
-	case p.connected && p.local == nil && !p.sameSelf(x, xgen):
+	case p.connected && !p.sameSelf(x, xgen):
 		p.challenge(x, xgen, connID, mtu, now)
 		return
 	}
@@ -225,11 +228,6 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 			case !p.connected || p.is(x, gen) || (p.sameSelf(x, gen) && !p.older(x, gen)):
 				p.pair(x, gen)
 			case p.older(x, gen):
-				return
-			case p.local != nil:
-				// A same-process peer, which no frame reaches to ask:
-				// start over (the connect, sent again, pairs us).
-				p.reset(BadSession)
 				return
 			default:
 				// Another self of the peer took the connect while we are
