@@ -195,7 +195,7 @@ func floorLinks(b *testing.B, lab *netlab.Lab, spin bool) (la, lb xdp.Link) {
 	for i := range links {
 		h := lab.Hosts[i]
 		if err := h.Do(func() (err error) {
-			links[i], err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: h.Interface, Spin: spin})
+			links[i], err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: h.Interface, Spin: spin, RxLevel: xdp.QuietRxLevel})
 			return
 		}); err != nil {
 			if i > 0 {

@@ -210,6 +210,8 @@ func (l *AFXDPLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, e
 // rxPending tracks what visitReady consumed and has not yet published.
 type rxPending struct {
 	start  uint32 // RX consumer index when the call began
+	queued uint32 // fill ring producer index (cached) when the call began
+	avail  uint32 // descriptors waiting on the RX ring when the call began
 	frames int
 	bytes  uint64
 }
@@ -223,7 +225,7 @@ func (l *AFXDPLink) rxPublish(p *rxPending) {
 		return
 	}
 	l.rx.release()
-	l.fill.submit()
+	l.refill(p.avail, l.rx.cachedCons-p.start, l.fill.cachedProd-p.queued)
 	if p.frames > 0 {
 		l.rxFrames.Add(uint64(p.frames))
 		l.rxBytes.Add(p.bytes)
@@ -248,7 +250,7 @@ func (l *AFXDPLink) visitReady(max int, v Visitor) int {
 	Trace(l.traceSide, TraceRxSeen)
 	l.fill.free(avail)
 	end := l.rx.cachedCons + avail
-	p := rxPending{start: l.rx.cachedCons}
+	p := rxPending{start: l.rx.cachedCons, queued: l.fill.cachedProd, avail: avail}
 	defer l.rxPublish(&p)
 	for p.frames < max && l.rx.cachedCons != end {
 		first := l.rx.cachedCons

@@ -53,8 +53,23 @@ type AFXDPConfig struct {
 	// multi-buffer (see MultiBuffer), which the link then uses by itself.
 	FrameSize int
 	// NumFrames is the number of UMEM frames, a power of two (0 → 4096):
-	// half receive (always on the fill ring), half transmit.
+	// half receive, half transmit. Of the receive frames, the link gives
+	// the kernel only as many as the traffic needs (see RxLevel).
 	NumFrames int
+	// RxLevel, if above 0, is how many receive frames the kernel holds
+	// while the traffic comes in small batches (at most half of
+	// NumFrames; 0: always all of them, and a burst as large is never
+	// dropped). The fill ring is FIFO: a frame given back is used again
+	// only after all the others on the ring, so with every receive frame
+	// on it each packet lands in a page not touched for thousands of
+	// packets, and the kernel's copy into it and our read of it miss the
+	// caches and the TLB; a few frames in turn stay warm (QuietRxLevel).
+	// The link raises the level to every receive frame as soon as one
+	// receive finds half the level waiting, and lowers it by halves while
+	// the batches stay small; but a burst larger than the level that
+	// comes while nobody receives is dropped in part (RxDropped), which
+	// only a protocol that recovers lost frames should accept.
+	RxLevel int
 
 	Bind   BindMode       // zero-copy or copy; BindAuto by default
 	Attach bpf.AttachMode // XDP attach mode; AttachAuto (driver, then generic)
@@ -193,6 +208,9 @@ type AFXDPLink struct {
 	// rxScratch reassembles a multi-buffer packet for RecvVisit.
 	// +checklocks:rxMu
 	rxScratch []byte
+	// lvl decides how many receive frames the kernel holds.
+	// +checklocks:rxMu
+	lvl rxLevel
 	// traceSide is the log this link's trace points go to (xmxtrace).
 	traceSide int
 
@@ -385,11 +403,14 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	}
 	undo = append(undo, func() { l.tx.unmap() })
 
-	// Receive frames: all on the fill ring. Send frames: all idle.
-	for i := 0; i < half; i++ {
-		l.fill.addrs[i] = uint64(i) * l.frameSize
+	// Receive frames: the level's on the fill ring, the others spare.
+	// Send frames: all idle.
+	rxRoom := int(l.frameSize) - xdpHeadroom
+	l.lvl.init(cfg.RxLevel, half, l.frameSize, (l.maxFrame+rxRoom-1)/rxRoom)
+	for _, a := range l.lvl.take(l.lvl.target) {
+		l.fill.addrs[l.fill.cachedProd&l.fill.mask] = a
+		l.fill.cachedProd++
 	}
-	l.fill.cachedProd = size
 	l.fill.submit()
 	l.initTxFree(cfg.NumFrames)
 	l.bufBase = uint64(cfg.NumFrames) * l.frameSize
@@ -683,6 +704,7 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 	// has room for the frames the RX ring hands back.
 	l.fill.free(avail)
 	start, end := l.rx.cachedCons, l.rx.cachedCons+avail
+	queued0 := l.fill.cachedProd
 	out := 0
 	var bytes uint64
 	for out < len(bufs) && l.rx.cachedCons != end {
@@ -723,10 +745,38 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 		return 0
 	}
 	l.rx.release()
-	l.fill.submit()
+	l.refill(avail, l.rx.cachedCons-start, l.fill.cachedProd-queued0)
 	l.rxFrames.Add(uint64(out))
 	l.rxBytes.Add(bytes)
 	return out
+}
+
+// refill settles the fill ring after a receive that found waiting RX
+// descriptors and consumed consumed of them and queued requeued of their frames for the fill ring again
+// (the last entries produced, not yet submitted): it adds spare frames, or
+// takes back some of those just queued, to bring the kernel's share to the
+// level (rxLevel), and submits the ring.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) refill(waiting, consumed, requeued uint32) {
+	v := &l.lvl
+	v.note(waiting, consumed, requeued)
+	switch {
+	case v.out < v.target:
+		// The kernel holds at most every receive frame, as many as the
+		// fill ring has entries: there is room.
+		n := v.target - v.out
+		for _, a := range v.take(min(n, l.fill.free(n))) {
+			l.fill.addrs[l.fill.cachedProd&l.fill.mask] = a
+			l.fill.cachedProd++
+		}
+	case v.out > v.target:
+		for n := min(v.out-v.target, requeued); n > 0; n-- {
+			l.fill.cachedProd--
+			v.put(l.fill.addrs[l.fill.cachedProd&l.fill.mask])
+		}
+	}
+	l.fill.submit()
 }
 
 // takeDesc returns the data of RX descriptor i and queues its UMEM frame

@@ -28,11 +28,11 @@ type benchSystem struct {
 
 var benchSystems = []benchSystem{
 	{"afxdp-spin", "asavie-spin", func(ifn string) (xdp.Link, error) {
-		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: ifn, Spin: true})
+		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: ifn, Spin: true, RxLevel: xdp.QuietRxLevel})
 	}},
 	{"asavie-spin", "", func(ifn string) (xdp.Link, error) { return asavielink.Open(ifn, true) }},
 	{"afxdp-poll", "asavie-poll", func(ifn string) (xdp.Link, error) {
-		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: ifn})
+		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: ifn, RxLevel: xdp.QuietRxLevel})
 	}},
 	{"asavie-poll", "", func(ifn string) (xdp.Link, error) { return asavielink.Open(ifn, false) }},
 	{"afpacket-poll", "asavie-poll", func(ifn string) (xdp.Link, error) {
