@@ -763,18 +763,28 @@ func TestWaitAnyDispatcher(t *testing.T) {
 			}
 		}
 	}()
+	// A lost wake-up stops the exchange: each WaitAny gets its own
+	// bound, not the whole run (under -race on a slow spell of a 2-CPU
+	// machine, 200000 of them take about 30 s).
+	stuck := time.NewTimer(stuckAfter)
+	defer stuck.Stop()
 	for i := 0; i < n; i++ {
+		stuck.Reset(stuckAfter)
 		select {
 		case err := <-ch:
 			if err != nil {
 				t.Fatalf("WaitAny %d of %d: %v", i, n, err)
 			}
-		case <-ctx.Done():
-			t.Fatalf("WaitAny %d of %d never returned: a lost wake-up leaves both goroutines waiting", i, n)
+		case <-stuck.C:
+			t.Fatalf("WaitAny %d of %d did not return in %v: a lost wake-up leaves both goroutines waiting", i, n, stuckAfter)
 		}
 		rx.Irecv(0, 0, buf, nil)
 	}
 }
+
+// stuckAfter is how long one wait of TestWaitAnyDispatcher may take
+// before it counts as lost.
+const stuckAfter = 10 * time.Second
 
 // TestProbeWhileAnotherDrives: a Probe must learn of an unexpected arrival
 // while another goroutine holds the link (waiting on a receive that never
