@@ -733,7 +733,10 @@ func TestWaitAnyNoLostWakeup(t *testing.T) {
 func TestWaitAnyDispatcher(t *testing.T) {
 	w := memWorld(t, xdp.MemConfig{QueueLen: 1 << 16})
 	tx, rx := w.pair(t, msglayer.Config{}, msglayer.Config{UnexpectedBytes: 1 << 30})
-	ctx := ctxFor(t, 30*time.Second)
+	// Bounds the sends of the set-up, which take 10–30 s under -race on
+	// a 2-CPU machine (more when it is busy); a lost wake-up is caught
+	// per wait below.
+	ctx := ctxFor(t, 5*time.Minute)
 	const n, depth = 200000, 32
 	msg := [][]byte{make([]byte, 8)}
 	grp := tx.NewGroup()
@@ -764,8 +767,8 @@ func TestWaitAnyDispatcher(t *testing.T) {
 		}
 	}()
 	// A lost wake-up stops the exchange: each WaitAny gets its own
-	// bound, not the whole run (under -race on a slow spell of a 2-CPU
-	// machine, 200000 of them take about 30 s).
+	// bound, not the whole run (under -race on a busy 2-CPU machine,
+	// 200000 of them take 30 s or more).
 	stuck := time.NewTimer(stuckAfter)
 	defer stuck.Stop()
 	for i := 0; i < n; i++ {
