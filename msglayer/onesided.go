@@ -109,11 +109,17 @@ func (e *Endpoint) Deregister(reg Registration) {
 	}
 	g := e.eng
 	g.mu.Lock()
-	if w := e.windows[reg.Mem.Region]; w != nil && w.key == reg.Mem.Key {
+	w := e.windows[reg.Mem.Region]
+	live := w != nil && w.key == reg.Mem.Key
+	if live {
 		delete(e.windows, reg.Mem.Region)
 	}
 	g.mu.Unlock()
-	e.cache.Release(reg.region)
+	// A second Deregister of reg finds nothing and releases nothing: its
+	// region may be another live registration's too.
+	if live {
+		e.cache.Release(reg.region)
+	}
 }
 
 // Invalidate makes every registration overlapping buf unreachable by
@@ -189,6 +195,12 @@ func (e *Endpoint) oneSided(peer Addr, m RemoteMem, off uint64, segs [][]byte, c
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) oneSidedLocal(t *Endpoint, r *request) {
+	if r.kind == kindGet {
+		e.stats.Gets++
+	} else {
+		e.stats.Puts++
+		t.stats.PutsIn++ // refused or not, as onPut counts them
+	}
 	mem, reg, err := t.regHold(r.regionID, r.regionKey, r.regionOff, uint64(r.length))
 	if err != nil {
 		t.stats.RegionRefused++

@@ -183,3 +183,72 @@ func testUnmap(t *testing.T, w world) {
 	}
 	b.Deregister(reg)
 }
+
+// TestDoubleDeregister: a second Deregister of a registration does
+// nothing; in particular it does not release the region another live
+// registration shares (a cache hit), which would let the cache evict it.
+func TestDoubleDeregister(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{Seed: 1})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{RegCache: regcache.CacheConfig{MaxRegions: 1}})
+	ctx := ctxFor(t, 10*time.Second)
+	target := make([]byte, 64<<10)
+	r1, err := b.Register(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := b.Register(target[100:200]) // a cache hit: the same region
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Deregister(r1)
+	b.Deregister(r1)
+	if st := b.RegCache().Stats(); st.InUse != 1 {
+		t.Fatalf("after a double Deregister the live registration's region is not in use: %+v", st)
+	}
+	if _, err := b.Register(make([]byte, 64<<10)); err == nil {
+		t.Fatal("a second region fitted a cache of one whose region is in use")
+	}
+	p, err := a.IPut(b.Addr(), r2.Mem, 0, [][]byte{[]byte("x")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, p); err != nil {
+		t.Fatalf("put into the live registration: %v", err)
+	}
+	if target[100] != 'x' {
+		t.Fatal("put did not land")
+	}
+	b.Deregister(r2)
+	if st := b.RegCache().Stats(); st.InUse != 0 {
+		t.Fatalf("after the last Deregister: %+v", st)
+	}
+}
+
+// TestLocalOneSidedCounted: Puts and Gets between endpoints of one engine
+// count as the network ones do.
+func TestLocalOneSidedCounted(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{Seed: 1})
+	_, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	c := w.open(t, 1, msglayer.Config{EndpointID: 3, Key: 3}) // b's engine
+	ctx := ctxFor(t, 10*time.Second)
+	if err := c.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := b.Register(make([]byte, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Deregister(reg)
+	bIn := b.Counters().PutsIn
+	p, _ := c.IPut(b.Addr(), reg.Mem, 0, [][]byte{[]byte("hello")}, nil)
+	if _, err := c.Wait(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	g, _ := c.IGet(b.Addr(), reg.Mem, 0, [][]byte{make([]byte, 5)}, nil)
+	if _, err := c.Wait(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if cc, in := c.Counters(), b.Counters().PutsIn-bIn; cc.Puts != 1 || cc.Gets != 1 || in != 1 {
+		t.Fatalf("Puts %d, Gets %d, target's PutsIn +%d; want 1, 1, +1", cc.Puts, cc.Gets, in)
+	}
+}
