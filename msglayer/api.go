@@ -538,8 +538,11 @@ func (e *Endpoint) Peek(ctx context.Context) (Request, error) {
 		// As in WaitAny: look and note the count under one hold of the lock.
 		g.mu.Lock()
 		if r := e.done.head; r != nil {
+			// The handle is made under the lock: once it is released,
+			// another goroutine may collect r and recycle it.
+			h := Request{r, r.gen}
 			g.mu.Unlock()
-			return Request{r, r.gen}, nil
+			return h, nil
 		}
 		if e.closed {
 			g.mu.Unlock()

@@ -72,6 +72,9 @@ type engine struct {
 	wantDrive atomic.Int32
 	bgDriving atomic.Bool
 	inKernel  atomic.Bool // the driver is (or is about to be) blocked in Recv
+	// sleepEnd is when the driver's last sleep in the kernel ends at the
+	// latest (the clock; prepareSleep), for flushAndUnlock.
+	sleepEnd  atomic.Int64
 	apiWaited atomic.Bool // an API call waited since the background goroutine last looked
 	bgStop    chan struct{}
 	bgDone    chan struct{}
@@ -580,7 +583,17 @@ func (g *engine) flushAndUnlock() {
 		}
 		if len(g.txq) == 0 {
 			g.flushing = false
+			// Reliable frames sent by a goroutine that is not the
+			// driver are stamped, and their timeouts armed, by the
+			// driver's next clock reading: wake a driver asleep for
+			// longer than a blocking driver's shortest sleep, or a lost
+			// one would wait for that sleep to end (up to 250 ms for
+			// the background goroutine).
+			wake := len(g.unstamped) > 0 && g.inKernel.Load() && g.sleepEnd.Load() > clock()+int64(minKernelSleep)
 			g.mu.Unlock()
+			if wake {
+				g.signal()
+			}
 			return
 		}
 	}
@@ -884,11 +897,11 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 			g.resched()
 		}
 	}
-	if lazyAt != 0 {
-		// A lazy ack waits for its time, not for the next 5 ms tick.
-		return d, now
-	}
-	return max(d, minKernelSleep), now
+	if lazyAt == 0 {
+		d = max(d, minKernelSleep)
+	} // else a lazy ack waits for its time, not for the next 5 ms tick
+	g.sleepEnd.Store(now + int64(d))
+	return d, now
 }
 
 // runTimers stamps the frames sent since the clock was last read
@@ -1426,8 +1439,23 @@ func (g *engine) background() {
 		}
 		g.bgDriving.Store(true)
 		for g.wantDrive.Load() == 0 && !g.closed.Load() {
-			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil && g.closed.Load() {
-				break
+			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil {
+				if g.closed.Load() {
+					break
+				}
+				// A link that keeps failing (closed under us, say)
+				// must not make this loop spin: pause as between
+				// looks.
+				linger.Reset(lingerAPI)
+				stopped := false
+				select {
+				case <-g.bgStop:
+					stopped = true
+				case <-linger.C:
+				}
+				if stopped {
+					break
+				}
 			}
 		}
 		g.bgDriving.Store(false)

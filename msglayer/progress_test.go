@@ -1,0 +1,185 @@
+package msglayer
+
+import (
+	"context"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// These tests come from a review of the progress machinery (2026-11-28);
+// each failed before its fix.
+
+// processCPU is the CPU time the process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestBackgroundPausesOnLinkError: a link that keeps failing (here
+// closed under the engine) must not make the background goroutine spin.
+func TestBackgroundPausesOnLinkError(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l := hub.Attach()
+	e, err := Open(Config{Link: l, EndpointID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	time.Sleep(50 * time.Millisecond)
+	c0 := processCPU()
+	time.Sleep(500 * time.Millisecond)
+	idle := processCPU() - c0
+	l.Close()
+	time.Sleep(50 * time.Millisecond)
+	c1 := processCPU()
+	time.Sleep(500 * time.Millisecond)
+	after := processCPU() - c1
+	t.Logf("CPU over 500ms idle: %v; after link error: %v", idle, after)
+	if after > 250*time.Millisecond {
+		t.Errorf("background goroutine burns %v of CPU per 500 ms once the link fails", after)
+	}
+}
+
+// TestPeekHandleNotRecycled: the handle Peek returns is made under the
+// lock; made after it, a request collected and recycled meanwhile gave a
+// handle valid for a later operation.
+func TestPeekHandleNotRecycled(t *testing.T) {
+	l, _ := xdp.NewPair(xdp.MemConfig{})
+	defer l.Close()
+	a, err := Open(Config{Link: l, EndpointID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	s, err := Open(Config{Link: l, EndpointID: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.Connect(ctx, a.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // completes receives on a and collects them at once
+		defer wg.Done()
+		buf := [][]byte{make([]byte, 8)}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			sr, _ := s.Isend(a.Addr(), 1, buf, nil)
+			s.Forget(sr)
+			r, err := a.Irecv(1, ^uint64(0), buf, nil) // matches the unexpected message: done at once
+			if err != nil {
+				return
+			}
+			a.Test(r) // may be stale: the peeker collected it
+		}
+	}()
+	bad := 0
+	deadline := time.Now().Add(3 * time.Second)
+	for n := 0; time.Now().Before(deadline) && bad == 0; n++ {
+		h, err := a.Peek(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ok, err := a.Test(h)
+		if err == nil && !ok {
+			bad++
+			t.Errorf("after %d peeks: Peek returned a handle that is valid but not done (a recycled request's)", n)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+// dropFirstEager drops the first eager data frame sent.
+type dropFirstEager struct {
+	xdp.Link
+	mu      sync.Mutex
+	armed   bool
+	dropped bool
+}
+
+func (l *dropFirstEager) Send(frames [][]byte) (int, error) {
+	l.mu.Lock()
+	kept := frames[:0:0]
+	for _, f := range frames {
+		if _, _, _, _, _, ok := EagerFrame(f); ok && l.armed && !l.dropped {
+			l.dropped = true
+			continue
+		}
+		kept = append(kept, f)
+	}
+	l.mu.Unlock()
+	if _, err := l.Link.Send(kept); err != nil {
+		return 0, err
+	}
+	return len(frames), nil
+}
+
+func (l *dropFirstEager) Wake() { l.Link.(xdp.Waker).Wake() }
+
+// TestRetransmitWhileDriverSleeps: a frame sent by an API call (Isend)
+// while the background goroutine sleeps in the kernel is stamped, and its
+// timeout armed, when that goroutine wakes: it must be woken, or a lost
+// frame waits for the sleep to end (250 ms) rather than its timeout.
+func TestRetransmitWhileDriverSleeps(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	ma, mb := hub.Attach(), hub.Attach()
+	defer ma.Close()
+	defer mb.Close()
+	la := &dropFirstEager{Link: ma}
+	a, err := Open(Config{Link: la, EndpointID: 1, Key: 0xa})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(Config{Link: mb, EndpointID: 2, Key: 0xb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	var worst time.Duration
+	for i := range 5 {
+		la.mu.Lock()
+		la.armed, la.dropped = true, false
+		la.mu.Unlock()
+		r, _ := b.Irecv(uint64(i), ^uint64(0), [][]byte{make([]byte, 8)}, nil)
+		time.Sleep(30 * time.Millisecond) // both background goroutines asleep in the kernel
+		start := time.Now()
+		s, _ := a.Isend(b.Addr(), uint64(i), [][]byte{make([]byte, 8)}, nil)
+		for {
+			if _, ok, _ := b.Test(r); ok {
+				break
+			}
+			if time.Since(start) > 2*time.Second {
+				t.Fatal("never arrived")
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+		el := time.Since(start)
+		worst = max(worst, el)
+		t.Logf("round %d: the dropped frame arrived after %v", i, el)
+		a.Forget(s)
+	}
+	if worst > 50*time.Millisecond {
+		t.Errorf("a frame lost with an RTO of a few ms was resent after %v", worst)
+	}
+}
