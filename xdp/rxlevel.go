@@ -8,8 +8,15 @@ package xdp
 const QuietRxLevel = 128
 
 // rxLevelWindow is how many descriptors a receive side consumes between
-// two looks at whether its level may come down.
-const rxLevelWindow = 1 << 14
+// two looks at whether its level may come down, at first; each time a
+// level that came down must go up again, the window grows fourfold, up to
+// rxLevelMaxWindow: traffic that comes in bursts now and then (a server
+// pulling from many clients) keeps every frame rather than losing the
+// first frames of each burst.
+const (
+	rxLevelWindow    = 1 << 14
+	rxLevelMaxWindow = 1 << 24
+)
 
 // rxLevel decides how many of an AF_XDP link's receive frames the kernel
 // holds (on the fill ring, being filled, or on the RX ring), and keeps the
@@ -17,8 +24,8 @@ const rxLevelWindow = 1 << 14
 // caches and the TLB; a receive that finds half the level waiting (a
 // burst: the level may have been too low to hold it) raises it to every
 // frame at once, and a window of receives whose largest batch was at most
-// an eighth of the level halves it, down to the low level. Owned by the
-// link's receive side (rxMu).
+// an eighth of the level halves it, down to the low level (see
+// rxLevelWindow). Owned by the link's receive side (rxMu).
 type rxLevel struct {
 	low, high uint32 // the quiet level; every receive frame
 	target    uint32 // the level wanted now
@@ -26,8 +33,10 @@ type rxLevel struct {
 	// spare holds the receive frames the kernel does not (UMEM
 	// addresses): a stack, the last given back on top.
 	spare []uint64
-	seen  uint32 // descriptors consumed in this window
-	peak  uint32 // the largest batch of this window
+	seen   uint32 // descriptors consumed in this window
+	peak   uint32 // the largest batch of this window
+	window uint32 // the window's length (rxLevelWindow and up)
+	shrunk bool   // the level came down since it last went up
 }
 
 // init sets the level up for frames receive frames of frameSize bytes,
@@ -42,6 +51,7 @@ func (v *rxLevel) init(level, frames int, frameSize uint64, perPacket int) {
 	v.target = v.low
 	v.out = 0
 	v.seen, v.peak = 0, 0
+	v.window, v.shrunk = rxLevelWindow, false
 	v.spare = make([]uint64, 0, frames)
 	for i := frames - 1; i >= 0; i-- {
 		v.spare = append(v.spare, uint64(i)*frameSize)
@@ -77,12 +87,17 @@ func (v *rxLevel) note(waiting, consumed, requeued uint32) {
 	if 2*waiting >= v.target && v.target < v.high {
 		v.target = v.high
 		v.seen, v.peak = 0, 0
+		if v.shrunk {
+			v.window = min(4*v.window, rxLevelMaxWindow)
+			v.shrunk = false
+		}
 		return
 	}
 	v.peak = max(v.peak, waiting)
-	if v.seen += consumed; v.seen >= rxLevelWindow {
+	if v.seen += consumed; v.seen >= v.window {
 		if 8*v.peak <= v.target && v.target > v.low {
 			v.target = max(v.target/2, v.low)
+			v.shrunk = true
 		}
 		v.seen, v.peak = 0, 0
 	}

@@ -44,6 +44,31 @@ func TestRxLevel(t *testing.T) {
 	if v.target != QuietRxLevel {
 		t.Fatalf("after quiet windows: target %d", v.target)
 	}
+	// A level that came down and must go up again waits four times as
+	// long before it comes down next.
+	v.note(QuietRxLevel/2, QuietRxLevel/2, QuietRxLevel/2)
+	if v.target != 2048 || v.window != 4*rxLevelWindow {
+		t.Fatalf("after a burst at a lowered level: target %d, window %d", v.target, v.window)
+	}
+	for range 4*rxLevelWindow - 1 {
+		v.note(1, 1, 1)
+	}
+	if v.target != 2048 {
+		t.Fatalf("came down before its longer window: target %d", v.target)
+	}
+	v.note(1, 1, 1)
+	if v.target != 1024 {
+		t.Fatalf("after the longer window: target %d", v.target)
+	}
+	for range 20 {
+		v.note(2048, 2048, 2048)
+		for v.target == 2048 { // until it comes down, a window later
+			v.note(1, 1, 1)
+		}
+	}
+	if v.window != rxLevelMaxWindow {
+		t.Fatalf("window %d after many bursts, want %d", v.window, rxLevelMaxWindow)
+	}
 	// Frames of a corrupted ring are lost to the kernel's share.
 	v.note(3, 3, 1)
 	if v.out != QuietRxLevel-2 {
