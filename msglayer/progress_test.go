@@ -1,4 +1,4 @@
-package msglayer
+package msglayer_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xmx-stack/xmx/msglayer"
 	"github.com/xmx-stack/xmx/xdp"
 )
 
@@ -25,7 +26,7 @@ func processCPU() time.Duration {
 func TestBackgroundPausesOnLinkError(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	l := hub.Attach()
-	e, err := Open(Config{Link: l, EndpointID: 1})
+	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,12 +52,12 @@ func TestBackgroundPausesOnLinkError(t *testing.T) {
 func TestPeekHandleNotRecycled(t *testing.T) {
 	l, _ := xdp.NewPair(xdp.MemConfig{})
 	defer l.Close()
-	a, err := Open(Config{Link: l, EndpointID: 1})
+	a, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	s, err := Open(Config{Link: l, EndpointID: 2})
+	s, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,32 +105,10 @@ func TestPeekHandleNotRecycled(t *testing.T) {
 	wg.Wait()
 }
 
-// dropFirstEager drops the first eager data frame sent.
-type dropFirstEager struct {
-	xdp.Link
-	mu      sync.Mutex
-	armed   bool
-	dropped bool
-}
+// wakeableDropLink is a dropLink whose driver can be woken (xdp.Waker).
+type wakeableDropLink struct{ *dropLink }
 
-func (l *dropFirstEager) Send(frames [][]byte) (int, error) {
-	l.mu.Lock()
-	kept := frames[:0:0]
-	for _, f := range frames {
-		if _, _, _, _, _, ok := EagerFrame(f); ok && l.armed && !l.dropped {
-			l.dropped = true
-			continue
-		}
-		kept = append(kept, f)
-	}
-	l.mu.Unlock()
-	if _, err := l.Link.Send(kept); err != nil {
-		return 0, err
-	}
-	return len(frames), nil
-}
-
-func (l *dropFirstEager) Wake() { l.Link.(xdp.Waker).Wake() }
+func (l wakeableDropLink) Wake() { l.Link.(xdp.Waker).Wake() }
 
 // TestRetransmitWhileDriverSleeps: a frame sent by an API call (Isend)
 // while the background goroutine sleeps in the kernel is stamped, and its
@@ -140,13 +119,17 @@ func TestRetransmitWhileDriverSleeps(t *testing.T) {
 	ma, mb := hub.Attach(), hub.Attach()
 	defer ma.Close()
 	defer mb.Close()
-	la := &dropFirstEager{Link: ma}
-	a, err := Open(Config{Link: la, EndpointID: 1, Key: 0xa})
+	// The first copy of each round's message (match i) is dropped.
+	la := wakeableDropLink{&dropLink{Link: ma, dropped: map[uint32]bool{}, drop: func(f []byte) (uint32, bool) {
+		_, match, _, _, _, ok := msglayer.EagerFrame(f)
+		return uint32(match), ok
+	}}}
+	a, err := msglayer.Open(msglayer.Config{Link: la, EndpointID: 1, Key: 0xa})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := Open(Config{Link: mb, EndpointID: 2, Key: 0xb})
+	b, err := msglayer.Open(msglayer.Config{Link: mb, EndpointID: 2, Key: 0xb})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,9 +141,6 @@ func TestRetransmitWhileDriverSleeps(t *testing.T) {
 	}
 	var worst time.Duration
 	for i := range 5 {
-		la.mu.Lock()
-		la.armed, la.dropped = true, false
-		la.mu.Unlock()
 		r, _ := b.Irecv(uint64(i), ^uint64(0), [][]byte{make([]byte, 8)}, nil)
 		time.Sleep(30 * time.Millisecond) // both background goroutines asleep in the kernel
 		start := time.Now()
