@@ -171,15 +171,18 @@ func (e *Endpoint) oneSided(peer Addr, m RemoteMem, off uint64, segs [][]byte, c
 		e.complete(r, Unreachable)
 	case p.local != nil:
 		e.oneSidedLocal(p.local, r)
-	case kind == kindGet:
+	case kind == kindGet && n > 0:
 		e.stats.Gets++
-		if n == 0 {
-			e.complete(r, Success)
-			break
-		}
 		e.startPull(r, p, m.Region, uint32(n), now)
 	default:
-		e.stats.Puts++
+		if kind == kindGet {
+			// Nothing to pull, but the target must still check the
+			// region: a zero-length Put asks it to (and it counts the
+			// check among its PutsIn).
+			e.stats.Gets++
+		} else {
+			e.stats.Puts++
+		}
 		r.put, r.rndv = true, true
 		e.offerRndv(p, r)
 		if p.sendHead != nil || !e.frameMessage(p, r, now) {

@@ -252,3 +252,32 @@ func TestLocalOneSidedCounted(t *testing.T) {
 		t.Fatalf("Puts %d, Gets %d, target's PutsIn +%d; want 1, 1, +1", cc.Puts, cc.Gets, in)
 	}
 }
+
+// TestZeroLengthGetChecked: a zero-length Get moves no data, but the
+// target still checks the region, as for a zero-length Put: an unknown
+// region is refused, a known one succeeds.
+func TestZeroLengthGetChecked(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{Seed: 1})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 10*time.Second)
+	reg, err := b.Register(make([]byte, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Deregister(reg)
+	for _, c := range []struct {
+		m    msglayer.RemoteMem
+		want error
+	}{
+		{msglayer.RemoteMem{Region: 12345, Key: 42, Len: 100}, msglayer.ErrBadRegion},
+		{reg.Mem, nil},
+	} {
+		g, err := a.IGet(b.Addr(), c.m, 0, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Wait(ctx, g); !errors.Is(err, c.want) {
+			t.Errorf("zero-length Get of region %d: %v, want %v", c.m.Region, err, c.want)
+		}
+	}
+}
