@@ -81,7 +81,7 @@ func (v *rxLevel) put(a uint64) {
 // for the kernel again (the others named no frame of ours: a corrupted
 // ring), and moves the target.
 func (v *rxLevel) note(waiting, consumed, requeued uint32) {
-	v.out -= consumed - requeued
+	v.out -= min(v.out, consumed-requeued) // a corrupted ring may name more
 	if consumed == 0 {
 		return
 	}
