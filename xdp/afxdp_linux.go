@@ -752,10 +752,11 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 }
 
 // refill settles the fill ring after a receive that found waiting RX
-// descriptors and consumed consumed of them and queued requeued of their frames for the fill ring again
-// (the last entries produced, not yet submitted): it adds spare frames, or
-// takes back some of those just queued, to bring the kernel's share to the
-// level (rxLevel), and submits the ring.
+// descriptors, consumed consumed of them and queued requeued of their
+// frames for the fill ring again (the last entries produced, not yet
+// submitted): it adds spare frames, or takes back some of those just
+// queued, to bring the kernel's share to the level (rxLevel), and submits
+// the ring.
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) refill(waiting, consumed, requeued uint32) {
