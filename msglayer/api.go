@@ -418,7 +418,9 @@ func (e *Endpoint) collectTo(r *request, st *Status) {
 // Wait waits for the request to complete and returns its status; the
 // error is the status as an error (nil on success) or the context's. One
 // goroutine at a time may wait on or test a handle: a second Wait on it
-// at the same time may not return before its context ends.
+// at the same time, or a TestAny, WaitAny, Forget or group wait that
+// collects the request meanwhile, may leave the Wait waiting until its
+// context ends.
 func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	r := h.r
 	if r == nil || r.liveGen.Load() != h.gen || r.ep != e {
