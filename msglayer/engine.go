@@ -622,6 +622,10 @@ func (g *engine) stampSent(now int64) {
 	g.unstamped = g.unstamped[:0]
 }
 
+// testHookSleep, when set by a test, runs in driveOnce before a receive
+// that may sleep, with whether the background goroutine is the driver.
+var testHookSleep func(background bool)
+
 // driveOnce receives one batch of frames (waiting up to timeout), handles
 // them and runs the due timers, and returns how many it received. sleptFrom is the clock prepareSleep read
 // before a receive that may sleep (0: none; a poll, timeout 0, ignores
@@ -632,11 +636,17 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 	if timeout != 0 {
 		g.sleptFrom = sleptFrom
 		g.nowPolls = 0
+		if testHookSleep != nil {
+			testHookSleep(g.bgDriving.Load())
+		}
 		g.inKernel.Store(true)
 		// A same-process message queued since prepareSleep looked saw
-		// inKernel false and did not wake us: look again after the
-		// store (sendLocal stores localQueued, then loads inKernel).
-		if g.localQueued.Load() {
+		// inKernel false and did not wake us, and an API call that came
+		// to drive since the background goroutine last looked found it
+		// awake and did not signal it: look again after the store
+		// (sendLocal stores localQueued, waitForSleeping adds to
+		// wantDrive, then each loads inKernel).
+		if g.localQueued.Load() || (g.bgDriving.Load() && g.wantDrive.Load() > 0) {
 			timeout = 0
 			g.inKernel.Store(false)
 		}

@@ -47,6 +47,18 @@ func EagerFrame(f []byte) (seq uint32, match uint64, offset, n, msgLen uint32, o
 // its wait (nil: nothing).
 func SetWaitAnyHook(f func()) { testHookWaitAny = f }
 
+// SetSleepHook runs f in the driver before each receive that may sleep in
+// the kernel, with whether the background goroutine is the driver (nil:
+// nothing).
+func SetSleepHook(f func(background bool)) { testHookSleep = f }
+
+// BackgroundDriving reports whether e's engine is driven by its background
+// goroutine.
+func BackgroundDriving(e *Endpoint) bool { return e.eng.bgDriving.Load() }
+
+// DriveWanted reports how many API calls wait for e's engine's drive token.
+func DriveWanted(e *Endpoint) int32 { return e.eng.wantDrive.Load() }
+
 // PullReplyFrame decodes a pull reply frame for tests that drop or hold
 // chosen frames: the offset of its data in the message.
 func PullReplyFrame(f []byte) (offset uint32, ok bool) {

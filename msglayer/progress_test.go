@@ -3,6 +3,7 @@ package msglayer_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -162,4 +163,57 @@ func TestRetransmitWhileDriverSleeps(t *testing.T) {
 	if worst > 50*time.Millisecond {
 		t.Errorf("a frame lost with an RTO of a few ms was resent after %v", worst)
 	}
+}
+
+// TestHandOffWhileBackgroundGoesToSleep: an API call that comes to drive
+// while the background goroutine is between its look at the waiting API
+// calls and its sleep in the kernel finds it not yet asleep, so it does
+// not signal it; the background goroutine must notice the call itself
+// before sleeping, or the call waits for the token until a frame or the
+// end of that sleep (250 ms).
+func TestHandOffWhileBackgroundGoesToSleep(t *testing.T) {
+	// The hook is set before the engine starts and cleared after it
+	// stopped (deferred calls run last in, first out).
+	atSleep, proceed := make(chan struct{}), make(chan struct{})
+	var armed atomic.Bool
+	msglayer.SetSleepHook(func(background bool) {
+		if background && armed.CompareAndSwap(true, false) {
+			atSleep <- struct{}{}
+			<-proceed
+		}
+	})
+	defer msglayer.SetSleepHook(nil)
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l := hub.Attach()
+	defer l.Close()
+	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1, BusyPoll: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	armed.Store(true)
+	select {
+	case <-atSleep: // the background goroutine drives, about to sleep
+	case <-time.After(5 * time.Second):
+		t.Fatal("the background goroutine never went to sleep")
+	}
+	r, err := e.Irecv(0, 0, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	go e.Wait(ctx, r) // never completes: it wants to drive
+	for msglayer.DriveWanted(e) == 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	close(proceed)
+	start := time.Now()
+	for msglayer.BackgroundDriving(e) {
+		if time.Since(start) > 100*time.Millisecond {
+			t.Fatalf("the background goroutine kept the drive token for %v while an API call waited for it", time.Since(start))
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	t.Logf("handed over after %v", time.Since(start))
 }
