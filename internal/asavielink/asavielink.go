@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -61,7 +62,7 @@ func Open(ifname string, spin bool) (_ *Link, err error) {
 	opts.CompletionRingNumDescs = 2048
 	opts.RxRingNumDescs = 2048
 	opts.TxRingNumDescs = 2048
-	sock, err := axdp.NewSocket(ifi.Index, 0, &opts)
+	sock, err := newSocket(ifi.Index, &opts)
 	if err != nil {
 		return nil, fmt.Errorf("asavielink: socket on %s: %w", ifname, err)
 	}
@@ -83,6 +84,28 @@ func Open(ifname string, spin bool) (_ *Link, err error) {
 	// The library's idiom: give it half of the frames to receive into.
 	sock.Fill(sock.GetDescs(opts.NumFrames / 2))
 	return l, nil
+}
+
+// newSocket is axdp.NewSocket on queue 0, tried again while the bind fails
+// with EBUSY: the kernel releases a closed socket's hold on the queue in
+// the background (after 5–50 ms on the kernel of 2026-11-28), so a link
+// opened right after another on the same queue closed (linkbench's systems
+// one after the other) found it busy. Each failed try leaks what the
+// library's cleanup leaves (its ring mappings, which keep the unbound
+// socket and its UMEM registration until the process exits), so the tries
+// are few: seven, 10 ms apart and then twice as long each time (1.3 s in
+// all).
+func newSocket(ifindex int, opts *axdp.SocketOptions) (*axdp.Socket, error) {
+	busy := unix.EBUSY.Error()
+	wait := 10 * time.Millisecond
+	for try := 0; ; try++ {
+		sock, err := axdp.NewSocket(ifindex, 0, opts)
+		if err == nil || try == 7 || !strings.Contains(err.Error(), busy) {
+			return sock, err
+		}
+		time.Sleep(wait)
+		wait *= 2
+	}
 }
 
 func (l *Link) HardwareAddr() net.HardwareAddr { return l.hw }
