@@ -1448,6 +1448,7 @@ func (g *engine) background() {
 			continue
 		}
 		g.bgDriving.Store(true)
+	drive:
 		for g.wantDrive.Load() == 0 && !g.closed.Load() {
 			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil {
 				if g.closed.Load() {
@@ -1457,14 +1458,10 @@ func (g *engine) background() {
 				// must not make this loop spin: pause as between
 				// looks.
 				linger.Reset(lingerAPI)
-				stopped := false
 				select {
 				case <-g.bgStop:
-					stopped = true
+					break drive
 				case <-linger.C:
-				}
-				if stopped {
-					break
 				}
 			}
 		}

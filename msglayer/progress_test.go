@@ -1,7 +1,6 @@
 package msglayer_test
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -27,11 +26,7 @@ func processCPU() time.Duration {
 func TestBackgroundPausesOnLinkError(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	l := hub.Attach()
-	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	openEP(t, msglayer.Config{Link: l, EndpointID: 1})
 	time.Sleep(50 * time.Millisecond)
 	c0 := processCPU()
 	time.Sleep(500 * time.Millisecond)
@@ -52,19 +47,10 @@ func TestBackgroundPausesOnLinkError(t *testing.T) {
 // handle valid for a later operation.
 func TestPeekHandleNotRecycled(t *testing.T) {
 	l, _ := xdp.NewPair(xdp.MemConfig{})
-	defer l.Close()
-	a, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	s, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	t.Cleanup(func() { l.Close() }) // after the endpoints' Close
+	a := openEP(t, msglayer.Config{Link: l, EndpointID: 1})
+	s := openEP(t, msglayer.Config{Link: l, EndpointID: 2})
+	ctx := ctxFor(t, 5*time.Second)
 	if err := s.Connect(ctx, a.Addr(), 0); err != nil {
 		t.Fatal(err)
 	}
@@ -118,25 +104,15 @@ func (l wakeableDropLink) Wake() { l.Link.(xdp.Waker).Wake() }
 func TestRetransmitWhileDriverSleeps(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	ma, mb := hub.Attach(), hub.Attach()
-	defer ma.Close()
-	defer mb.Close()
+	t.Cleanup(func() { ma.Close(); mb.Close() })
 	// The first copy of each round's message (match i) is dropped.
 	la := wakeableDropLink{&dropLink{Link: ma, dropped: map[uint32]bool{}, drop: func(f []byte) (uint32, bool) {
 		_, match, _, _, _, ok := msglayer.EagerFrame(f)
 		return uint32(match), ok
 	}}}
-	a, err := msglayer.Open(msglayer.Config{Link: la, EndpointID: 1, Key: 0xa})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := msglayer.Open(msglayer.Config{Link: mb, EndpointID: 2, Key: 0xb})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	a := openEP(t, msglayer.Config{Link: la, EndpointID: 1, Key: 0xa})
+	b := openEP(t, msglayer.Config{Link: mb, EndpointID: 2, Key: 0xb})
+	ctx := ctxFor(t, 5*time.Second)
 	if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +149,7 @@ func TestRetransmitWhileDriverSleeps(t *testing.T) {
 // end of that sleep (250 ms).
 func TestHandOffWhileBackgroundGoesToSleep(t *testing.T) {
 	// The hook is set before the engine starts and cleared after it
-	// stopped (deferred calls run last in, first out).
+	// stopped (cleanups run last in, first out).
 	atSleep, proceed := make(chan struct{}), make(chan struct{})
 	var armed atomic.Bool
 	msglayer.SetSleepHook(func(background bool) {
@@ -182,15 +158,10 @@ func TestHandOffWhileBackgroundGoesToSleep(t *testing.T) {
 			<-proceed
 		}
 	})
-	defer msglayer.SetSleepHook(nil)
-	hub := xdp.NewHub(xdp.MemConfig{})
-	l := hub.Attach()
-	defer l.Close()
-	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1, BusyPoll: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	t.Cleanup(func() { msglayer.SetSleepHook(nil) })
+	l := xdp.NewHub(xdp.MemConfig{}).Attach()
+	t.Cleanup(func() { l.Close() })
+	e := openEP(t, msglayer.Config{Link: l, EndpointID: 1, BusyPoll: true})
 	armed.Store(true)
 	select {
 	case <-atSleep: // the background goroutine drives, about to sleep
@@ -201,9 +172,7 @@ func TestHandOffWhileBackgroundGoesToSleep(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	go e.Wait(ctx, r) // never completes: it wants to drive
+	go e.Wait(ctxFor(t, 2*time.Second), r) // never completes: it wants to drive
 	for msglayer.DriveWanted(e) == 0 {
 		time.Sleep(100 * time.Microsecond)
 	}

@@ -47,13 +47,9 @@ func (v *rxLevel) init(level, frames int, frameSize uint64, perPacket int) {
 	if level <= 0 {
 		level = frames
 	}
-	v.high = uint32(frames)
-	v.low = min(uint32(max(level, 2*perPacket, 1)), v.high)
-	v.target = v.low
-	v.out = 0
-	v.seen, v.peak = 0, 0
-	v.window, v.shrunk = rxLevelWindow, false
-	v.spare = make([]uint64, 0, frames)
+	high := uint32(frames)
+	low := min(uint32(max(level, 2*perPacket, 1)), high)
+	*v = rxLevel{low: low, high: high, target: low, window: rxLevelWindow, spare: make([]uint64, 0, frames)}
 	for i := frames - 1; i >= 0; i-- {
 		v.spare = append(v.spare, uint64(i)*frameSize)
 	}
