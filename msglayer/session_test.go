@@ -499,6 +499,14 @@ func TestConnectCopyAfterDisconnect(t *testing.T) {
 			t.Fatal("b never took a's connect")
 		}
 	}
+	// b marks the peer connected before its answer leaves; wait until the
+	// answer is on the wire (and lost), or it may leave after the partition
+	// ends and connect a legitimately.
+	for deadline := time.Now().Add(2 * time.Second); lb.Stats().InjectedLoss == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("b's answer to a's connect never left")
+		}
+	}
 	b.Disconnect(a.Addr())
 	hub.SetConfig(xdp.MemConfig{})
 	la.Partition(false)
