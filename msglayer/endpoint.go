@@ -400,12 +400,24 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 	}
 	enginesMu.Lock()
 	defer enginesMu.Unlock()
-	if g := engines[key]; g != nil {
-		if err := g.shares(cfg); err != nil {
-			return nil, "", err
+	for {
+		g := engines[key]
+		if g == nil {
+			break
 		}
-		g.refs++
-		return g, "shared with this process's other endpoints", nil
+		if g.refs > 0 {
+			if err := g.shares(cfg); err != nil {
+				return nil, "", err
+			}
+			g.refs++
+			return g, "shared with this process's other endpoints", nil
+		}
+		// Its last endpoint closed and it is stopping: its driver may
+		// still receive from the link, or its socket still hold the
+		// queue. Open after it is gone.
+		enginesMu.Unlock()
+		<-g.stopped
+		enginesMu.Lock()
 	}
 	link, why := cfg.Link, "link given"
 	if link == nil {
@@ -480,22 +492,33 @@ func openLink(cfg *Config) (xdp.Link, string, error) {
 	return nil, "", &ArgError{Arg: "LinkKind", Err: fmt.Errorf("%q: want auto, afxdp or afpacket", cfg.LinkKind)}
 }
 
-// releaseEngine drops an endpoint's reference; the last closes the link.
+// releaseEngine drops an endpoint's reference; the last stops the engine
+// and closes the link. The engine stays in the engine map while it
+// stops, so that an Open of the same link waits for it (acquireEngine)
+// rather than receiving beside its driver or binding a queue its socket
+// still holds.
 func releaseEngine(g *engine) error {
 	enginesMu.Lock()
 	g.refs--
 	last := g.refs == 0
 	if last {
 		liveEngines.Add(-1)
-		if engines[g.key] == g {
-			delete(engines, g.key)
-		}
 	}
 	enginesMu.Unlock()
-	if last {
-		return g.stop()
+	if !last {
+		return nil
 	}
-	return nil
+	if testHookEngineStop != nil {
+		testHookEngineStop(g)
+	}
+	err := g.stop()
+	enginesMu.Lock()
+	if engines[g.key] == g {
+		delete(engines, g.key)
+	}
+	enginesMu.Unlock()
+	close(g.stopped)
+	return err
 }
 
 // noClose keeps an endpoint from closing a link it was given.

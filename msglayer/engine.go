@@ -78,6 +78,7 @@ type engine struct {
 	apiWaited atomic.Bool // an API call waited since the background goroutine last looked
 	bgStop    chan struct{}
 	bgDone    chan struct{}
+	stopped   chan struct{} // closed once stopped and out of the engine map (releaseEngine)
 	closed    atomic.Bool
 	refs      int // endpoints open; guarded by enginesMu
 	// completion moves at every completion or unexpected arrival on an
@@ -344,6 +345,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 		drive:       driveToken{free: make(chan struct{}, 1)},
 		bgStop:      make(chan struct{}),
 		bgDone:      make(chan struct{}),
+		stopped:     make(chan struct{}),
 		hostReplies: map[string]*hostQuery{},
 		hosts:       map[[6]byte]*hostLoad{},
 	}
@@ -625,6 +627,10 @@ func (g *engine) stampSent(now int64) {
 // testHookSleep, when set by a test, runs in driveOnce before a receive
 // that may sleep, with whether the background goroutine is the driver.
 var testHookSleep func(background bool)
+
+// testHookEngineStop, when set by a test, runs in releaseEngine before the
+// last endpoint's release stops engine g.
+var testHookEngineStop func(g *engine)
 
 // driveOnce receives one batch of frames (waiting up to timeout), handles
 // them and runs the due timers, and returns how many it received. sleptFrom is the clock prepareSleep read

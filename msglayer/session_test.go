@@ -624,3 +624,81 @@ func TestManyResetsThenConnect(t *testing.T) {
 		})
 	}
 }
+
+// TestReopenWhileStopping: an endpoint opened on a link whose last
+// endpoint is still closing waits until the old engine has stopped, so
+// that no frame meant for it is taken by the old engine's driver (or, on
+// an interface, no bind meets the old socket's queue), and then works.
+func TestReopenWhileStopping(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	defer la.Close()
+	defer lb.Close()
+	b := openT(t, Config{Link: lb, EndpointID: 2, Key: 2})
+	cfg := Config{Link: la, EndpointID: 1, Key: 1}
+	old, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldEng := old.eng
+	stopping, release := make(chan struct{}), make(chan struct{})
+	testHookEngineStop = func(g *engine) {
+		if g == oldEng {
+			close(stopping)
+			<-release
+		}
+	}
+	defer func() { testHookEngineStop = nil }()
+	closed := make(chan error, 1)
+	go func() { closed <- old.Close() }()
+	<-stopping
+	type opened struct {
+		e   *Endpoint
+		err error
+	}
+	reopened := make(chan opened, 1)
+	go func() {
+		e, err := Open(cfg)
+		reopened <- opened{e, err}
+	}()
+	select {
+	case o := <-reopened:
+		if o.e != nil {
+			o.e.Close()
+		}
+		close(release)
+		t.Fatalf("Open returned (%v) while the old engine of its link was still running", o.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	var o opened
+	select {
+	case o = <-reopened:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Open still waits 5 s after the old engine stopped")
+	}
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	e := o.e
+	defer e.Close()
+	if err := <-closed; err != nil {
+		t.Errorf("closing the old endpoint: %v", err)
+	}
+	if e.eng == oldEng {
+		t.Fatal("the new endpoint shares the stopped engine")
+	}
+	select {
+	case <-oldEng.bgDone:
+	default:
+		t.Error("the old engine's background goroutine still runs")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := e.Connect(ctx, b.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendAndWait(t, e, b, 9, 2*time.Second); err != nil {
+		t.Errorf("a message from the reopened endpoint: %v", err)
+	}
+}
