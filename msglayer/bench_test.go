@@ -149,6 +149,7 @@ func BenchmarkPingPongAFXDP(b *testing.B) {
 			slices.Sort(floor)
 			floorP50 := floor[len(floor)/2]
 			b.ReportMetric(float64(floorP50)/2e3, "floor-half-rtt-p50-µs")
+			b.ReportMetric(float64(floor[len(floor)*99/100])/2e3, "floor-half-rtt-p99-µs")
 			reportRTT(b, rtts, floorP50)
 		})
 	}
