@@ -41,17 +41,21 @@ func watchPair(t *testing.T, delay time.Duration, size int) (cl, srv *msglayer.E
 }
 
 // TestWatchSparesSlowAnswers: a healthy ping-pong whose round trips take
-// longer than -timeout (a large message on a slow path: 16 MiB with 5 ms
-// one-way delay against 100 ms) is not ended: the peer is heard meanwhile
-// (found by a review: it was ended).
+// longer than -timeout (a large message on a slow path: 16 MiB with 15 ms
+// one-way delay, about 440 ms a round trip, against 250 ms) is not ended:
+// the peer is heard meanwhile (found by a review: it was ended). A shorter
+// -timeout (100 ms) failed on a loaded machine under -race, the server's
+// goroutines starved for that long.
 func TestWatchSparesSlowAnswers(t *testing.T) {
 	const size = 16 << 20
-	cl, srv := watchPair(t, 5*time.Millisecond, size)
-	ctx, watch := watchAnswers(cl, srv.Addr(), 100*time.Millisecond)
+	cl, srv := watchPair(t, 15*time.Millisecond, size)
+	ctx, watch := watchAnswers(cl, srv.Addr(), 250*time.Millisecond)
 	defer watch.stop()
+	st := time.Now()
 	if _, err := pingSize(ctx, watch, cl, srv.Addr(), size, 0, 3, false, false); err != nil {
 		t.Fatalf("healthy measurement ended: %v", err)
 	}
+	t.Logf("3 round trips: %v", time.Since(st))
 }
 
 // TestWatchEndsSilentPeer: a server that stops answering, with nothing of
