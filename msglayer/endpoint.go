@@ -508,17 +508,20 @@ func releaseEngine(g *engine) error {
 	if !last {
 		return nil
 	}
+	// Out of the map even if the stop panics: an Open waiting for it
+	// must not wait for ever.
+	defer func() {
+		enginesMu.Lock()
+		if engines[g.key] == g {
+			delete(engines, g.key)
+		}
+		enginesMu.Unlock()
+		close(g.stopped)
+	}()
 	if testHookEngineStop != nil {
 		testHookEngineStop(g)
 	}
-	err := g.stop()
-	enginesMu.Lock()
-	if engines[g.key] == g {
-		delete(engines, g.key)
-	}
-	enginesMu.Unlock()
-	close(g.stopped)
-	return err
+	return g.stop()
 }
 
 // noClose keeps an endpoint from closing a link it was given.
