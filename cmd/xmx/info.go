@@ -98,11 +98,8 @@ lines (as /proc shows them to every user).
 	all := fs.Bool("all", false, "print every counter, zero ones included")
 	peers := fs.Bool("peers", false, "list each endpoint's peers: state, MTU, round trip, frames in flight, rendezvous and pulls")
 	runDir := fs.String("run-dir", "", "directory of the counter sockets (default $XMX_RUN_DIR, else /run/xmx)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 1 {
 		return fmt.Errorf("%w: one IFACE at most, got %q", errUsage, fs.Args())

@@ -88,11 +88,8 @@ full-size frames (frames/s) received.
 	systems := fs.String("systems", "all", "comma-separated systems to measure (all: "+systemNames()+")")
 	mtu := fs.Int("mtu", 1500, "lab MTU")
 	asJSON := fs.Bool("json", false, "print JSON instead of a table")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))

@@ -39,6 +39,27 @@ var commands = map[string]command{
 // errUsage marks errors in the command line (exit status 2).
 var errUsage = errors.New("usage")
 
+// parseFlags parses a command's flags. A bad flag comes back as a usage
+// error, which main prints once with a pointer to -h; only -h itself
+// prints the flags (the flag package would print them after every error,
+// and main the error again below them).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	out, usage := fs.Output(), fs.Usage
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	fs.Usage = usage
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return err
+	case err != nil:
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return nil
+}
+
 func usage() { writeUsage(os.Stderr) }
 
 // writeUsage lists the commands, their summaries in a column of their own.

@@ -156,11 +156,8 @@ estimate of the data they sent more than once.
 	fs.BoolVar(&c.goPerClient, "goroutine-per-client", false, "clients: drive each endpoint from a goroutine of its own, waiting on a group of its own (default: one goroutine waits on one group spanning the process's endpoints, as a client host would have one process)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
 	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 16)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{errUsage}, a...)...)

@@ -145,11 +145,8 @@ func (f *endpointFlags) validate() error {
 // parse parses a messaging command's flags and checks the shared ones and
 // that at most one PEER is given.
 func (f *endpointFlags) parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	fs.Visit(func(fl *flag.Flag) { f.peerEPSet = f.peerEPSet || fl.Name == "peer-ep" })
 	if err := f.validate(); err != nil {

@@ -49,8 +49,9 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	}
 	ef.register(fs, 0)
 	sizes := fs.String("sizes", "", "comma-separated sizes (e.g. 0,8,64,1k,1M); overrides -start/-end/-mult")
-	start := fs.Int("start", 0, "first size of the sweep (bytes)")
-	end := fs.Int("end", 4<<20, "last size of the sweep (bytes)")
+	start, end := &sizeFlag{0}, &sizeFlag{4 << 20}
+	fs.Var(start, "start", "first `size` of the sweep (bytes; k, M, G suffixes)")
+	fs.Var(end, "end", "last `size` of the sweep (bytes; k, M, G suffixes)")
 	mult := fs.Float64("mult", 2, "size multiplier of the sweep (0 is followed by 1)")
 	iters := fs.Int("n", 1000, "measured round trips per size")
 	warmup := fs.Int("warmup", 100, "unmeasured round trips per size")
@@ -58,7 +59,7 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	hist := fs.Bool("hist", false, "print a histogram of half round trips per size")
 	maxSize := &sizeFlag{16 << 20}
-	fs.Var(maxSize, "max-size", "server: largest message it takes whole (bytes; k, M, G suffixes)")
+	fs.Var(maxSize, "max-size", "server: largest message it takes whole (`size` in bytes; k, M, G suffixes)")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
 	if err := ef.parse(fs, args); err != nil {
 		return err
@@ -66,7 +67,7 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	if *iters <= 0 || *iters > maxIters || *warmup < 0 || *warmup > maxIters {
 		return fmt.Errorf("%w: -n %d -warmup %d: want 1 <= n <= %d and 0 <= warmup <= %d", errUsage, *iters, *warmup, maxIters, maxIters)
 	}
-	list, err := parseSizes(*sizes, *start, *end, *mult)
+	list, err := parseSizes(*sizes, start.n, end.n, *mult)
 	if err != nil {
 		return err
 	}

@@ -28,11 +28,8 @@ with a large enough RLIMIT_MEMLOCK.
 	}
 	sizes := fs.String("sizes", "", "comma-separated sizes (default 64 B to 4 MiB by 4)")
 	minTime := fs.Duration("time", 300*time.Millisecond, "minimum measuring time per figure")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	var list []int
 	if *sizes != "" {

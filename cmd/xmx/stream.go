@@ -23,6 +23,7 @@ type streamResult struct {
 	MsgRate  float64 `json:"msg_per_s"`      // messages per second
 	Received uint64  `json:"received"`       // messages the server counted
 	UMEM     bool    `json:"umem,omitempty"` // sent from a buffer lent from the UMEM (-umem)
+	Sync     bool    `json:"sync,omitempty"` // synchronous sends (-sync)
 }
 
 func runStream(args []string) error {
@@ -41,15 +42,18 @@ second and the message rate.
 	}
 	ef.register(fs, 0)
 	sizes := fs.String("sizes", "", "comma-separated sizes (e.g. 64k,1M); overrides -start/-end/-mult")
-	start := fs.Int("start", 1<<10, "first size of the sweep (bytes)")
-	end := fs.Int("end", 4<<20, "last size of the sweep (bytes)")
+	start, end := &sizeFlag{1 << 10}, &sizeFlag{4 << 20}
+	fs.Var(start, "start", "first `size` of the sweep (bytes; k, M, G suffixes)")
+	fs.Var(end, "end", "last `size` of the sweep (bytes; k, M, G suffixes)")
 	mult := fs.Float64("mult", 4, "size multiplier of the sweep")
 	count := fs.Int("n", 0, "messages per size (default: enough for about -time)")
 	dur := fs.Duration("time", time.Second, "target duration per size when -n is not given")
 	window := fs.Int("window", 16, "messages in flight")
+	warmup := fs.Int("warmup", 0, "unmeasured messages streamed before each size's measurement")
+	sync := fs.Bool("sync", false, "synchronous sends (Issend): a message completes only once the server matched it")
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	maxSize := &sizeFlag{16 << 20}
-	fs.Var(maxSize, "max-size", "server: largest message it takes whole (bytes; k, M, G suffixes)")
+	fs.Var(maxSize, "max-size", "server: largest message it takes whole (`size` in bytes; k, M, G suffixes)")
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
 	umem := fs.Bool("umem", false, "client: send from a buffer lent from the UMEM (large messages leave without a CPU copy when the socket is in zero-copy mode)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
@@ -62,7 +66,10 @@ second and the message rate.
 	if *count < 0 || *dur <= 0 {
 		return fmt.Errorf("%w: -n must not be negative and -time must be positive", errUsage)
 	}
-	list, err := parseSizes(*sizes, *start, *end, *mult)
+	if *warmup < 0 || *warmup > maxIters {
+		return fmt.Errorf("%w: -warmup %d: want 0..%d", errUsage, *warmup, maxIters)
+	}
+	list, err := parseSizes(*sizes, start.n, end.n, *mult)
 	if err != nil {
 		return err
 	}
@@ -118,7 +125,14 @@ second and the message rate.
 		if *umem {
 			from = "a UMEM buffer"
 		}
-		fmt.Printf("# xmx stream %v -> %v, %s %s on %s, window %d, sending from %s\n", e.Addr(), peer, info.Kind, info.Mode, info.Interface, *window, from)
+		var how string
+		if *warmup > 0 {
+			how += fmt.Sprintf(", %d warm-up messages per size", *warmup)
+		}
+		if *sync {
+			how += ", synchronous sends"
+		}
+		fmt.Printf("# xmx stream %v -> %v, %s %s on %s, window %d%s, sending from %s\n", e.Addr(), peer, info.Kind, info.Mode, info.Interface, *window, how, from)
 		fmt.Printf("# %10s %9s %10s %12s %12s\n", "bytes", "messages", "seconds", "MB/s", "msg/s")
 	}
 	enc := json.NewEncoder(os.Stdout)
@@ -127,14 +141,22 @@ second and the message rate.
 		if progress {
 			fmt.Fprintf(os.Stderr, "\r[%d/%d] %d bytes...", k+1, len(list), size)
 		}
-		res, err := streamSize(ctx, watch, e, peer, buf[:size], *window, *count, *dur)
+		var res streamResult
+		var err error
+		if *warmup > 0 {
+			// Its own exchange with the server, which counts anew after it.
+			_, err = streamSize(ctx, watch, e, peer, buf[:size], *window, *warmup, *dur, *sync)
+		}
+		if err == nil {
+			res, err = streamSize(ctx, watch, e, peer, buf[:size], *window, *count, *dur, *sync)
+		}
 		if progress {
 			fmt.Fprintf(os.Stderr, "\r%40s\r", "")
 		}
 		if err != nil {
 			return fmt.Errorf("%d-byte messages: %w", size, err)
 		}
-		res.UMEM = *umem
+		res.UMEM, res.Sync = *umem, *sync
 		if *asJSON {
 			enc.Encode(res)
 			continue
@@ -144,18 +166,23 @@ second and the message rate.
 	return nil
 }
 
-// streamSize streams messages of one size and asks the server what it got.
-func streamSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, peer msglayer.Addr, buf []byte, window, count int, dur time.Duration) (streamResult, error) {
+// streamSize streams messages of one size (count of them, or for dur when
+// count is 0; synchronous sends if sync) and asks the server what it got.
+func streamSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, peer msglayer.Addr, buf []byte, window, count int, dur time.Duration, sync bool) (streamResult, error) {
 	size := len(buf)
 	segs := [][]byte{buf}
 	watch.tick()
 	grp := e.NewGroup()
+	send := grp.Isend
+	if sync {
+		send = grp.Issend
+	}
 	start := time.Now()
 	sent, inFlight := 0, 0
 	deadline := start.Add(dur)
 	for count == 0 && time.Now().Before(deadline) || count > 0 && sent < count {
 		for inFlight < window && (count == 0 || sent < count) {
-			if _, err := grp.Isend(peer, match(kindStream, uint64(sent)), segs, nil); err != nil {
+			if _, err := send(peer, match(kindStream, uint64(sent)), segs, nil); err != nil {
 				return streamResult{}, err
 			}
 			sent++

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -122,12 +123,53 @@ func TestArgErrors(t *testing.T) {
 		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02"}, "-peer-ep"},
 		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02:4"}, "-peer-ep"},
 		{runPingPong, []string{"02:78:6d:00:00:zz"}, "02:78:6d:00:00:zz"},
+		{runPingPong, []string{"-bogus"}, "-bogus"},
+		{runPingPong, []string{"-start", "2M", "-end", "1M"}, "-start 2097152 -end 1048576"},
+		{runStream, []string{"-end", "1x"}, "-end"},
+		{runStream, []string{"-warmup", "-1"}, "-warmup"},
+		{runInfo, []string{"-bogus"}, "-bogus"},
+		{runRegBench, []string{"-time", "soon"}, "-time"},
 	}
 	for _, c := range cases {
 		err := c.run(c.args)
 		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v; want a usage error naming %q", c.args, err, c.want)
 		}
+	}
+}
+
+// TestParseFlags checks that a bad flag is a usage error naming it, with
+// nothing printed (main prints it once), and that only -h prints the
+// command's usage.
+func TestParseFlags(t *testing.T) {
+	newSet := func(out *bytes.Buffer) *flag.FlagSet {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(out)
+		fs.Usage = func() { fmt.Fprintln(fs.Output(), "usage: t [flags]") }
+		fs.Int("n", 1, "a number")
+		return fs
+	}
+	for _, args := range [][]string{{"-n", "x"}, {"-m", "1"}, {"-n"}} {
+		var out bytes.Buffer
+		err := parseFlags(newSet(&out), args)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), strings.TrimPrefix(args[0], "-")) {
+			t.Errorf("%q: %v; want a usage error naming the flag", args, err)
+		}
+		if out.Len() != 0 {
+			t.Errorf("%q printed %q; want nothing", args, out.String())
+		}
+	}
+	var out bytes.Buffer
+	if err := parseFlags(newSet(&out), []string{"-h"}); !errors.Is(err, flag.ErrHelp) || out.String() != "usage: t [flags]\n" {
+		t.Errorf("-h: %v, printed %q; want flag.ErrHelp and the usage", err, out.String())
+	}
+	out.Reset()
+	fs := newSet(&out)
+	if err := parseFlags(fs, []string{"-n", "7", "rest"}); err != nil || fs.NArg() != 1 || out.Len() != 0 {
+		t.Errorf("good flags: %v, %d args, printed %q", err, fs.NArg(), out.String())
+	}
+	if fs.Output() != &out {
+		t.Error("parseFlags did not give the flag set its output back")
 	}
 }
 
@@ -294,6 +336,31 @@ func TestEndToEnd(t *testing.T) {
 		if r.Messages != 200 || r.Received != 200 || r.MBps <= 0 || r.Window != 8 {
 			t.Errorf("stream result %+v", r)
 		}
+	}
+
+	// Synchronous sends after a warm-up: the server counts only the
+	// measured messages.
+	out = client("stream", "-i", "eth0", "-e", "6", "-json", "-sync", "-warmup", "30", "-sizes", "8,64k", "-n", "100", "-window", "4", "h2")
+	streams = streams[:0]
+	sc = bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var r streamResult
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("stream -sync -json line %q: %v", sc.Text(), err)
+		}
+		streams = append(streams, r)
+	}
+	if len(streams) != 2 {
+		t.Fatalf("stream -sync -warmup results: %+v", streams)
+	}
+	for _, r := range streams {
+		if r.Messages != 100 || r.Received != 100 || !r.Sync || r.MBps <= 0 {
+			t.Errorf("stream -sync -warmup result %+v", r)
+		}
+	}
+	table = client("stream", "-i", "eth0", "-e", "6", "-sync", "-warmup", "5", "-sizes", "1k", "-n", "20", "h2")
+	if !strings.Contains(string(table), "5 warm-up messages per size, synchronous sends") {
+		t.Errorf("stream -sync -warmup table:\n%s", table)
 	}
 
 	// Sizes above the server's -max-size are refused before they are
