@@ -396,6 +396,13 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 		var n notifyHdr
 		n.decode(th)
 		if r := e.rndvs[n.rndvID]; r != nil && r.peer == p {
+			if int64(n.xferLen) > int64(r.length) || int(n.code) >= len(codeNames) {
+				// No receiver sends this: it took more than was sent, or
+				// ended with a code there is none of. The frame is counted
+				// and the send fails: the peer's answer cannot be trusted.
+				e.stats.BadFrames++
+				n.xferLen, n.code = 0, Aborted
+			}
 			delete(e.rndvs, n.rndvID)
 			p.rndvs--
 			r.status.XferLen = int(n.xferLen)
