@@ -106,7 +106,7 @@ func reportRTT(b *testing.B, rtts []time.Duration, floorP50 time.Duration) time.
 func BenchmarkPingPongMem(b *testing.B) {
 	for _, m := range progressModes {
 		b.Run(m.name, func(b *testing.B) {
-			w := memWorld(&testing.T{}, xdp.MemConfig{})
+			w := memWorld(b, xdp.MemConfig{})
 			a, c := w.pair(b, m.cfg, m.cfg)
 			reportRTT(b, measurePingPong(b, a, c), 0)
 		})

@@ -91,7 +91,7 @@ func BenchmarkNotify(b *testing.B) {
 	}
 	for _, s := range strategies {
 		b.Run(s.name, func(b *testing.B) {
-			w := memWorld(&testing.T{}, xdp.MemConfig{QueueLen: 1 << 16})
+			w := memWorld(b, xdp.MemConfig{QueueLen: 1 << 16})
 			tx, rx := w.pair(b, msglayer.Config{}, msglayer.Config{UnexpectedBytes: 1 << 30})
 			// The messages arrive first: the timed part is only posting
 			// receives and learning of their completion.

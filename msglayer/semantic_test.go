@@ -30,12 +30,12 @@ type world struct {
 	big int
 }
 
-func memWorld(t *testing.T, mc xdp.MemConfig) world {
+func memWorld(t testing.TB, mc xdp.MemConfig) world {
 	return memWorldOf(t, mc, func(l *xdp.MemLink) xdp.Link { return l })
 }
 
 // memWorldOf is memWorld with the endpoints opened on wrap(link).
-func memWorldOf(t *testing.T, mc xdp.MemConfig, wrap func(*xdp.MemLink) xdp.Link) world {
+func memWorldOf(t testing.TB, mc xdp.MemConfig, wrap func(*xdp.MemLink) xdp.Link) world {
 	hub := xdp.NewHub(mc)
 	links := []*xdp.MemLink{hub.Attach(), hub.Attach()}
 	t.Cleanup(func() {
