@@ -25,7 +25,6 @@ type unexp struct {
 	// sender until a receive matches and pulls it.
 	rndv      bool
 	rndvID    uint32
-	sync      bool
 	localSend *request // same-engine rendezvous: the send to copy from
 }
 

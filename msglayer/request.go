@@ -79,9 +79,8 @@ type requestState struct {
 	inSendQ       bool
 	// zbuf is the lent buffer the send's data lies in (one segment, at
 	// zoff): its pull replies are sent from it without a copy.
-	zbuf      *Buffer
-	zoff      int
-	localDone bool // same-process send: completed by the receiver side
+	zbuf *Buffer
+	zoff int
 
 	// One-sided operations: the region addressed (Get: the peer's; Put
 	// target: ours) and, for Put, the initiator's record.

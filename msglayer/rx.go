@@ -434,7 +434,6 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			}
 			return accepted
 		}
-		sync := h.flags&flagSync != 0
 		if r := e.match.arrive(rh.match); r != nil {
 			e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
 			return taken()
@@ -459,7 +458,7 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			}
 		}
 		taken()
-		u := &unexp{src: p, match: rh.match, msgLen: rh.msgLen, rndv: true, rndvID: rh.rndvID, sync: sync}
+		u := &unexp{src: p, match: rh.match, msgLen: rh.msgLen, rndv: true, rndvID: rh.rndvID}
 		e.unexpRndv++
 		e.addUnexp(u)
 		return accepted
