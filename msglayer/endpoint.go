@@ -170,6 +170,7 @@ func (c *Config) setDefaults() error {
 	def(&c.PullBlocks, 16)
 	defD(&c.AckDelay, 100*time.Microsecond)
 	defD(&c.InitialRTO, 5*time.Millisecond)
+	minRTOGiven := c.MinRTO != 0
 	defD(&c.MinRTO, 2*time.Millisecond)
 	defD(&c.MaxRTO, max(250*time.Millisecond, c.MinRTO))
 	defD(&c.GiveUp, 5*time.Second)
@@ -206,6 +207,9 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	if c.MinRTO > c.MaxRTO {
+		if !minRTOGiven {
+			return &ArgError{Arg: "MaxRTO", Err: fmt.Errorf("%v is below MinRTO's default %v: set MinRTO too", c.MaxRTO, c.MinRTO)}
+		}
 		return &ArgError{Arg: "MinRTO", Err: fmt.Errorf("%v is above MaxRTO %v", c.MinRTO, c.MaxRTO)}
 	}
 	if c.SpinBeforeSleep < NoSpin || c.SpinBeforeSleep > time.Second {

@@ -301,7 +301,8 @@ func TestLocalDisconnect(t *testing.T) {
 	}
 }
 
-// TestConfigRefusals: negative durations, MinRTO above MaxRTO, and an
+// TestConfigRefusals: negative durations, MinRTO above MaxRTO (MaxRTO
+// named when MinRTO is its default), and an
 // endpoint whose progress settings differ from those of the endpoints
 // already on its link are refused, naming the setting.
 func TestConfigRefusals(t *testing.T) {
@@ -317,6 +318,7 @@ func TestConfigRefusals(t *testing.T) {
 		{"AckDelay", Config{AckDelay: -1}},
 		{"KeepaliveInterval", Config{KeepaliveInterval: -1}},
 		{"MinRTO", Config{MinRTO: time.Second, MaxRTO: time.Millisecond}},
+		{"MaxRTO", Config{MaxRTO: time.Millisecond}}, // below MinRTO's default
 	} {
 		c.cfg.Link = l
 		e, err := Open(c.cfg)
