@@ -1024,3 +1024,68 @@ func TestAcksRideWithPullRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestIbufferedAndIPeek: an eager send's buffers may be reused as soon as
+// it is framed, before the peer acknowledges it; a rendezvous send's only
+// once the peer has pulled them. IPeek shows the oldest completed request
+// without collecting it.
+func TestIbufferedAndIPeek(t *testing.T) {
+	la, lb := xdp.NewPair(xdp.MemConfig{})
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	a := openEP(t, msglayer.Config{Link: la, EndpointID: 1})
+	b := openEP(t, msglayer.Config{Link: lb, EndpointID: 2})
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, b.Addr(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.IPeek(); ok {
+		t.Fatal("IPeek found a completed request before any")
+	}
+	la.Partition(true) // nothing of a's reaches b: no ack, no pull
+	small, large := message(1, 100), message(2, 64<<10)
+	se, _ := a.Isend(b.Addr(), 1, [][]byte{small}, nil)
+	sr, _ := a.Isend(b.Addr(), 2, [][]byte{large}, nil)
+	if ok, err := a.Ibuffered(se); !ok || err != nil {
+		t.Errorf("eager send: Ibuffered %v, %v; want true before its ack", ok, err)
+	}
+	if _, done, _ := a.Test(se); done {
+		t.Error("eager send completed through a cut link")
+	}
+	if ok, err := a.Ibuffered(sr); ok || err != nil {
+		t.Errorf("rendezvous send: Ibuffered %v, %v; want false before the pull", ok, err)
+	}
+	la.Partition(false)
+	got := make([]byte, 100)
+	r, _ := b.Irecv(1, ^uint64(0), [][]byte{got}, nil)
+	for {
+		if p, ok := b.IPeek(); ok {
+			if p != r {
+				t.Fatalf("IPeek returned %v, want the receive %v", p, r)
+			}
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the receive never completed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, ok := b.IPeek(); !ok {
+		t.Fatal("IPeek collected the request")
+	}
+	if st, err := b.Wait(ctx, r); err != nil || st.XferLen != 100 || !bytes.Equal(got, small) {
+		t.Fatalf("the receive IPeek showed: %+v, %v", st, err)
+	}
+	if _, ok := b.IPeek(); ok {
+		t.Fatal("IPeek found the collected request")
+	}
+	big := make([]byte, 64<<10)
+	r2, _ := b.Irecv(2, ^uint64(0), [][]byte{big}, nil)
+	for _, s := range []msglayer.Request{se, sr} {
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.Wait(ctx, r2); err != nil || !bytes.Equal(big, large) {
+		t.Fatalf("the rendezvous: %v", err)
+	}
+}
