@@ -978,7 +978,10 @@ func (g *engine) dispatch(f []byte, now int64) {
 		e.handle(f, &h, now)
 	} else {
 		g.badFrames++
-		if h.typ == tConnect || h.typ.reliable() {
+		// The frames whose sender waits for an answer: a connect, a
+		// reliable frame, a pull request (the receive it serves could
+		// never complete).
+		if h.typ == tConnect || h.typ.reliable() || h.typ == tPullReq {
 			g.nackNoEndpoint(f, &h)
 		}
 	}

@@ -55,3 +55,36 @@ func TestImpossibleNotify(t *testing.T) {
 		})
 	}
 }
+
+// TestPullFromClosedEndpoint: a receive pulling a rendezvous from an
+// endpoint that closed meanwhile fails with BadEndpoint as soon as its
+// pull request reaches the sender's engine, which has no endpoint of that
+// id any more; it waited for the give-up before (an hour here).
+func TestPullFromClosedEndpoint(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	other := n.open(n.la, 3, 0xc) // keeps a's engine running after a closes
+	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, ra, Success, "a's connect")
+	r, _ := b.Irecv(5, ^uint64(0), [][]byte{make([]byte, 1<<20)}, nil)
+	if _, err := a.Isend(b.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range n.la.take() { // the rendezvous record: b matches it and pulls
+		n.deliver(b, f)
+	}
+	pulls := n.lb.take()
+	if len(pulls) == 0 {
+		t.Fatal("b sent no pull request")
+	}
+	a.Close()
+	n.la.take() // whatever a's Close sent
+	for _, f := range pulls {
+		n.deliver(other, f) // a's engine: no endpoint 1 now
+	}
+	n.lockstep()
+	if st, ok, _ := b.Test(r); !ok || st.Code != BadEndpoint {
+		t.Fatalf("the receive: done %v, %v; want BadEndpoint", ok, st.Code)
+	}
+}
