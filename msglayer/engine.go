@@ -1026,7 +1026,7 @@ func (g *engine) onAcks(f []byte, h *header, now int64) {
 	}
 	one := *h
 	one.typ, one.payloadLen = tAck, 0
-	g.ackTo(f, &one, now)
+	g.ackTo(f, &one, now, true)
 	g.ackEntries(f, h, entries, now)
 }
 
@@ -1042,18 +1042,23 @@ func (g *engine) ackEntries(f []byte, h *header, entries []byte, now int64) {
 	for ; len(entries) > 0; entries = entries[ackEntryLen:] {
 		a.decode(entries)
 		one.dstEP, one.dstSession, one.srcSession, one.ack = a.dstEP, a.dstSession, a.srcSession, a.ack
-		g.ackTo(f, &one, now)
+		g.ackTo(f, &one, now, false)
 	}
 }
 
-// ackTo hands one ack of a bundle (h, of type tAck) to its endpoint.
+// ackTo hands one ack of frame f (h, of type tAck) to its endpoint; count
+// says whether f counts in there too (for the endpoint f was sent to, not
+// for the entries riding in it).
 //
 // +checklocks:g.mu
-func (g *engine) ackTo(f []byte, h *header, now int64) {
-	if e := g.eps[h.dstEP]; e != nil {
-		e.handle(f, h, now)
-	} else {
+func (g *engine) ackTo(f []byte, h *header, now int64, count bool) {
+	switch e := g.eps[h.dstEP]; {
+	case e == nil:
 		g.badFrames++
+	case count:
+		e.handle(f, h, now)
+	case !e.closed:
+		e.handleOne(f, h, now)
 	}
 }
 

@@ -88,3 +88,45 @@ func TestPullFromClosedEndpoint(t *testing.T) {
 		t.Fatalf("the receive: done %v, %v; want BadEndpoint", ok, st.Code)
 	}
 }
+
+// TestBundleCountedOnce: a frame carrying the acks of several endpoints
+// counts in once, for the endpoint it was sent to: the endpoints of an
+// engine together count the frames their link received. Each entry
+// counted the whole frame again before.
+func TestBundleCountedOnce(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	a3 := n.open(n.la, 3, 0xc) // b owes acks to both endpoints of a's host
+	for _, from := range []*Endpoint{a, a3} {
+		r, _ := from.IConnect(b.Addr(), 0xb, nil)
+		n.lockstep()
+		mustComplete(t, from, r, Success, "connect")
+	}
+	framesToA, bytesToA, bundles := uint64(0), uint64(0), 0
+	n.trace = func(to *Endpoint, f []byte) {
+		var h header
+		if to.eng == a.eng && h.decode(f) == nil {
+			framesToA++
+			bytesToA += uint64(len(f))
+			if h.typ == tAcks {
+				bundles++
+			}
+		}
+	}
+	before := [2]Counters{a.Counters(), a3.Counters()}
+	for i := range 8 {
+		a.Isend(b.Addr(), uint64(i), [][]byte{make([]byte, 100)}, nil)
+		a3.Isend(b.Addr(), uint64(i), [][]byte{make([]byte, 100)}, nil)
+	}
+	n.settle(5, time.Millisecond)
+	if bundles == 0 {
+		t.Fatal("b's engine sent no ack bundle: the test sees nothing")
+	}
+	after := [2]Counters{a.Counters(), a3.Counters()}
+	frames := after[0].FramesIn - before[0].FramesIn + after[1].FramesIn - before[1].FramesIn
+	bytes := after[0].BytesIn - before[0].BytesIn + after[1].BytesIn - before[1].BytesIn
+	if frames != framesToA || bytes != bytesToA {
+		t.Fatalf("a's endpoints counted %d frames in (%d bytes); %d reached their engine (%d bytes), %d of them bundles",
+			frames, bytes, framesToA, bytesToA, bundles)
+	}
+}

@@ -1,7 +1,7 @@
 package msglayer
 
-// handle processes one frame for the endpoint. The caller (the driver)
-// holds the engine lock and the drive token.
+// handle counts one frame in for the endpoint and processes it. The
+// caller (the driver) holds the engine lock and the drive token.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) handle(f []byte, h *header, now int64) {
@@ -10,6 +10,14 @@ func (e *Endpoint) handle(f []byte, h *header, now int64) {
 	}
 	e.stats.FramesIn++
 	e.stats.BytesIn += uint64(len(f))
+	e.handleOne(f, h, now)
+}
+
+// handleOne processes one frame, or one ack entry riding in a frame
+// counted elsewhere (engine.ackEntries), for the endpoint.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) handleOne(f []byte, h *header, now int64) {
 	th, payload := typeHdr(f, h)
 	switch h.typ {
 	case tConnect:
