@@ -459,12 +459,16 @@ func (g *engine) shares(cfg *Config) error {
 	return nil
 }
 
+// openAFXDP opens AF_XDP links: a variable, so that a test can make
+// AF_XDP fail and see the fallback to AF_PACKET.
+var openAFXDP = xdp.OpenAFXDP
+
 // openLink opens the link cfg asks for.
 func openLink(cfg *Config) (xdp.Link, string, error) {
 	openXDP := func() (xdp.Link, error) {
 		// Lost frames are sent again: a few warm receive frames serve
 		// quiet traffic faster (xdp.QuietRxLevel).
-		return xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: cfg.Interface, EtherType: cfg.EtherType,
+		return openAFXDP(xdp.AFXDPConfig{Interface: cfg.Interface, EtherType: cfg.EtherType,
 			BufferBytes: cfg.UMEMBufferBytes, Gather: cfg.UMEMGather, RxLevel: xdp.QuietRxLevel})
 	}
 	openPacket := func() (xdp.Link, error) {

@@ -3,7 +3,17 @@ package msglayer
 import (
 	"fmt"
 	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
 )
+
+// FailAFXDP makes every AF_XDP open fail with err, as on a kernel or an
+// interface without AF_XDP, until restore is called.
+func FailAFXDP(err error) (restore func()) {
+	old := openAFXDP
+	openAFXDP = func(xdp.AFXDPConfig) (*xdp.AFXDPLink, error) { return nil, err }
+	return func() { openAFXDP = old }
+}
 
 // DebugPeer describes the endpoint's reliable channel to a, for test
 // failure messages.
