@@ -173,6 +173,66 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+// TestErrorsSayWhatToDo runs the tool on command lines that fail before
+// any socket opens: each exits with its status and one line on standard
+// error that says what to do.
+func TestErrorsSayWhatToDo(t *testing.T) {
+	bin := buildTool(t)
+	run := func(wrap []string, args ...string) (int, string) {
+		t.Helper()
+		cmd := exec.Command(wrap[0], append(wrap[1:], append([]string{bin}, args...)...)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		return exitCode(err), stderr.String()
+	}
+	env := []string{"env"}
+	for _, c := range []struct {
+		wrap []string
+		args []string
+		code int
+		want string
+	}{
+		{env, []string{"pingpong", "-start", "4x"}, 2, `xmx pingpong: invalid value "4x" for flag -start`},
+		{env, []string{"stream", "-bogus"}, 2, "flag provided but not defined: -bogus (xmx stream -h lists the flags)"},
+		{env, []string{"nosuchcommand"}, 2, `unknown command "nosuchcommand"`},
+	} {
+		code, stderr := run(c.wrap, c.args...)
+		if code != c.code || !strings.Contains(stderr, c.want) {
+			t.Errorf("xmx %q: exit %d, %q; want exit %d and %q", c.args, code, stderr, c.code, c.want)
+		}
+		if c.args[0] != "nosuchcommand" && strings.Count(stderr, "\n") != 1 {
+			t.Errorf("xmx %q printed %d lines, want one:\n%s", c.args, strings.Count(stderr, "\n"), stderr)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the rest needs root: an interface check, and a run as another user")
+	}
+	if code, stderr := run(env, "pingpong", "-i", "nosuch0"); code != 1 || !strings.Contains(stderr, "-i nosuch0: no such interface (see ip link)") {
+		t.Errorf("an unknown interface: exit %d, %q", code, stderr)
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("no setpriv (util-linux) to run the tool as another user")
+	}
+	nobody := []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"}
+	// Where another user may run it: t.TempDir is the test user's alone.
+	shared, err := os.MkdirTemp("", "xmx-nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shared) })
+	if data, err := os.ReadFile(bin); err != nil || os.Chmod(shared, 0o755) != nil || os.WriteFile(filepath.Join(shared, "xmx"), data, 0o755) != nil {
+		t.Fatalf("copy the tool for another user: %v", err)
+	}
+	bin = filepath.Join(shared, "xmx")
+	for _, cmd := range []string{"pingpong", "stream"} {
+		if code, stderr := run(nobody, cmd, "-i", "lo"); code != 1 || !strings.Contains(stderr, "needs root (AF_XDP, BPF and network namespaces): run it with sudo") {
+			t.Errorf("%s without root: exit %d, %q", cmd, code, stderr)
+		}
+	}
+}
+
 // TestSpinFlag checks -spin's values and what they ask msglayer for.
 func TestSpinFlag(t *testing.T) {
 	for _, c := range []struct {
