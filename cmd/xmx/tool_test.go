@@ -233,6 +233,39 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 	}
 }
 
+// TestDemo runs the README's demo (scripts/demo, what make demo runs
+// after building) with a fresh build of the tool: it must end well, print
+// the ping-pong, stream and link tables, and leave no lab behind.
+func TestDemo(t *testing.T) {
+	netlab.RequirePrivileged(t)
+	bin := buildTool(t)
+	cmd := exec.Command("../../scripts/demo")
+	cmd.Env = append(os.Environ(), "XMX="+bin)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The demo's lab is named after its PID; gone already unless the demo
+	// was killed.
+	name := fmt.Sprintf("d%d", cmd.Process.Pid%10000000)
+	t.Cleanup(func() { exec.Command("../../scripts/lab", "down", "--name", name).Run() })
+	timer := time.AfterFunc(5*time.Minute, func() { cmd.Process.Kill() })
+	err := cmd.Wait()
+	timer.Stop()
+	if err != nil {
+		t.Fatalf("scripts/demo: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"# xmx pingpong", "busy-poll", "# xmx stream", "link benchmark: veth lab"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the demo's output has no %q:\n%s", want, out.String())
+		}
+	}
+	if list, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(list), name+"-") {
+		t.Errorf("the demo left its lab %s behind:\n%s", name, list)
+	}
+}
+
 // TestSpinFlag checks -spin's values and what they ask msglayer for.
 func TestSpinFlag(t *testing.T) {
 	for _, c := range []struct {
