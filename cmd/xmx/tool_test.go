@@ -178,26 +178,26 @@ func TestParseFlags(t *testing.T) {
 // error that says what to do.
 func TestErrorsSayWhatToDo(t *testing.T) {
 	bin := buildTool(t)
-	run := func(wrap []string, args ...string) (int, string) {
+	// run runs the tool with args, behind the command in as if any.
+	run := func(as []string, args ...string) (int, string) {
 		t.Helper()
-		cmd := exec.Command(wrap[0], append(wrap[1:], append([]string{bin}, args...)...)...)
+		argv := append(append(as[:len(as):len(as)], bin), args...)
+		cmd := exec.Command(argv[0], argv[1:]...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()
 		return exitCode(err), stderr.String()
 	}
-	env := []string{"env"}
 	for _, c := range []struct {
-		wrap []string
 		args []string
 		code int
 		want string
 	}{
-		{env, []string{"pingpong", "-start", "4x"}, 2, `xmx pingpong: invalid value "4x" for flag -start`},
-		{env, []string{"stream", "-bogus"}, 2, "flag provided but not defined: -bogus (xmx stream -h lists the flags)"},
-		{env, []string{"nosuchcommand"}, 2, `unknown command "nosuchcommand"`},
+		{[]string{"pingpong", "-start", "4x"}, 2, `xmx pingpong: invalid value "4x" for flag -start`},
+		{[]string{"stream", "-bogus"}, 2, "flag provided but not defined: -bogus (xmx stream -h lists the flags)"},
+		{[]string{"nosuchcommand"}, 2, `unknown command "nosuchcommand"`},
 	} {
-		code, stderr := run(c.wrap, c.args...)
+		code, stderr := run(nil, c.args...)
 		if code != c.code || !strings.Contains(stderr, c.want) {
 			t.Errorf("xmx %q: exit %d, %q; want exit %d and %q", c.args, code, stderr, c.code, c.want)
 		}
@@ -208,7 +208,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the rest needs root: an interface check, and a run as another user")
 	}
-	if code, stderr := run(env, "pingpong", "-i", "nosuch0"); code != 1 || !strings.Contains(stderr, "-i nosuch0: no such interface (see ip link)") {
+	if code, stderr := run(nil, "pingpong", "-i", "nosuch0"); code != 1 || !strings.Contains(stderr, "-i nosuch0: no such interface (see ip link)") {
 		t.Errorf("an unknown interface: exit %d, %q", code, stderr)
 	}
 	setpriv, err := exec.LookPath("setpriv")
