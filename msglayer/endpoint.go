@@ -308,6 +308,7 @@ type Counters struct {
 	FramesIn, FramesOut uint64 // FramesOut: first sends (host queries and connects included)
 	BytesIn, BytesOut   uint64
 	Retransmits         uint64 // frames sent again (not in FramesOut)
+	CwndCuts            uint64 // times frames found lost halved a peer's congestion window
 	Duplicates          uint64 // reliable frames received twice
 	OutOfOrder          uint64 // frames held until the ones before them arrived
 	AcksOut, AcksIn     uint64 // explicit acks

@@ -33,6 +33,13 @@ func (l *capLink) Wake() {
 	}
 }
 
+// lastOut returns the frames sent and not taken yet, leaving them.
+func (l *capLink) lastOut() [][]byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.out
+}
+
 func (l *capLink) take() [][]byte {
 	l.mu.Lock()
 	defer l.mu.Unlock()

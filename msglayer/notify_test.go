@@ -130,3 +130,50 @@ func TestBundleCountedOnce(t *testing.T) {
 			frames, bytes, framesToA, bytesToA, bundles)
 	}
 }
+
+// TestCongestionWindow: frames found lost by a timeout halve the peer's
+// congestion window, once for the losses of one round trip; no more
+// frames than it allows go out; acked frames grow it again.
+func TestCongestionWindow(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	r, _ := a.IConnect(b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, r, Success, "connect")
+	p := a.peers[b.Addr()]
+	full := uint32(len(p.win))
+	if p.cwnd != full {
+		t.Fatalf("a new peer's cwnd is %d, want the window, %d", p.cwnd, full)
+	}
+	for i := range 64 {
+		a.Isend(b.Addr(), uint64(i), [][]byte{make([]byte, 1000)}, nil)
+	}
+	if sent := len(n.la.take()); sent != 64 { // all lost
+		t.Fatalf("%d frames went out, want 64", sent)
+	}
+	n.timers(a) // stamps them sent now
+	n.clock.Advance(50 * time.Millisecond)
+	n.timers(a)
+	n.timers(a) // the same losses: no second cut
+	if p.cwnd != full/2 || a.Counters().CwndCuts != 1 {
+		t.Fatalf("after a timeout: cwnd %d, %d cuts; want %d, 1", p.cwnd, a.Counters().CwndCuts, full/2)
+	}
+	n.settle(10, time.Millisecond) // the retransmissions arrive, and their acks
+	if p.inFlight() != 0 {
+		t.Fatalf("%d frames still in flight", p.inFlight())
+	}
+	// A small window holds the rest back until acks come.
+	a.eng.mu.Lock()
+	p.cwnd, p.cwndAcked = 4, 0
+	a.eng.mu.Unlock()
+	for i := range 10 {
+		a.Isend(b.Addr(), uint64(100+i), [][]byte{make([]byte, 1000)}, nil)
+	}
+	if sent := len(n.la.lastOut()); sent != 4 {
+		t.Fatalf("%d frames went out with a cwnd of 4", sent)
+	}
+	n.settle(10, time.Millisecond)
+	if p.inFlight() != 0 || p.cwnd <= 4 {
+		t.Fatalf("after the acks: %d in flight, cwnd %d; want 0 and more than 4", p.inFlight(), p.cwnd)
+	}
+}

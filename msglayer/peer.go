@@ -27,14 +27,23 @@ type peer struct {
 	tm               timer     // in ep.timers while it has frames in flight or an ack due
 
 	// Send side: frames nextSeq-acked in flight, in the window.
-	nextSeq  uint32
-	acked    uint32 // every frame below was acknowledged
-	win      []txSlot
-	sendHead *request // messages waiting for window space, in order
-	sendTail *request
-	srtt     int64 // smoothed round trip (ns); 0 before the first sample
-	rttvar   int64
-	rto      int64
+	nextSeq uint32
+	acked   uint32 // every frame below was acknowledged
+	win     []txSlot
+	// cwnd is how many of the window's frames may be in flight: a
+	// receiver that many senders flood at once loses frames (its receive
+	// ring overflows), and each sender then resending its whole window
+	// at every timeout kept it flooded. A loss found by a timeout or a
+	// selective ack halves cwnd (at most once a round trip, down to
+	// minCwnd); each cwnd frames acked grow it by one (cwndAcked counts
+	// them), up to the window.
+	cwnd, cwndAcked uint32
+	cwndCutAt       int64    // when cwnd last halved
+	sendHead        *request // messages waiting for window space, in order
+	sendTail        *request
+	srtt            int64 // smoothed round trip (ns); 0 before the first sample
+	rttvar          int64
+	rto             int64
 	// Pull blocks: smoothed time from request to last frame (ns; 0 before
 	// the first block), which includes the wait behind other blocks.
 	pullSRTT, pullVar int64
@@ -146,6 +155,7 @@ func newPeer(e *Endpoint, a Addr) *peer {
 	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC), localID: e.session}
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
+	p.cwnd = uint32(len(p.win))
 	for i := range p.win {
 		p.win[i].peer = p
 	}
@@ -480,10 +490,10 @@ func (p *peer) inFlight() uint32 { return p.nextSeq - p.acked }
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) nextSlot() *txSlot {
-	if p.inFlight() >= uint32(len(p.win)) {
+	if p.inFlight() >= p.cwnd {
 		// The caller is framing: take a noted ack without pumping the
 		// send queue.
-		if !p.takeAck() || p.inFlight() >= uint32(len(p.win)) {
+		if !p.takeAck() || p.inFlight() >= p.cwnd {
 			return nil
 		}
 	}
@@ -826,6 +836,9 @@ func (p *peer) ackUpTo(ack uint32, now int64) bool {
 		}
 		s.used, s.req, s.sacked = false, nil, false
 		e.eng.releaseSlot(s)
+		if p.cwndAcked++; p.cwndAcked >= p.cwnd && p.cwnd < uint32(len(p.win)) {
+			p.cwnd, p.cwndAcked = p.cwnd+1, 0
+		}
 	}
 	p.acked = ack
 	p.lastHeard = max(p.lastHeard, now)
@@ -916,8 +929,25 @@ func (p *peer) onSack(ack uint32, sack []byte, now int64) {
 		s := &p.win[seq%uint32(len(p.win))]
 		if s.used && !s.sacked && !s.stamp && now-s.sentAt > quiet {
 			p.retransmit(s, now)
+			p.lost(now)
 		}
 	}
+}
+
+// minCwnd is the fewest frames a peer's congestion window lets out at
+// once.
+const minCwnd = 2
+
+// lost halves the congestion window for frames found lost, once per
+// round trip: the losses of one flood are one event.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) lost(now int64) {
+	if p.cwndCutAt != 0 && now-p.cwndCutAt < max(p.srtt, int64(p.ep.cfg.MinRTO)) {
+		return
+	}
+	p.cwnd, p.cwndAcked, p.cwndCutAt = max(p.cwnd/2, minCwnd), 0, now
+	p.ep.stats.CwndCuts++
 }
 
 // retransmit sends a window slot's frame again with the current ack.
@@ -991,6 +1021,7 @@ func (p *peer) runTimers(now int64) int64 {
 			}
 			if t := s.sentAt + p.rtoFor(s); now >= t {
 				p.retransmit(s, now)
+				p.lost(now)
 				at(now + p.rtoFor(s))
 			} else if due == 0 || t < due {
 				due = t
