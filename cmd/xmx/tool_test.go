@@ -372,15 +372,7 @@ func TestEndToEnd(t *testing.T) {
 
 	sizes := []int{0, 8, 1024, 65536, 1 << 20}
 	out := client("pingpong", "-i", "eth0", "-e", "1", "-json", "-hist", "-sizes", "0,8,1k,64k,1M", "-n", "200", "-warmup", "20", "h2")
-	var got []pingResult
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		var r pingResult
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("pingpong -json line %q: %v", sc.Text(), err)
-		}
-		got = append(got, r)
-	}
+	got := jsonLines[pingResult](t, "pingpong", out)
 	if len(got) != len(sizes) {
 		t.Fatalf("pingpong printed %d results, want %d:\n%s", len(got), len(sizes), out)
 	}
@@ -413,15 +405,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 
 	out = client("stream", "-i", "eth0", "-e", "3", "-json", "-sizes", "4k,1M", "-n", "200", "-window", "8", "h2")
-	var streams []streamResult
-	sc = bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		var r streamResult
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("stream -json line %q: %v", sc.Text(), err)
-		}
-		streams = append(streams, r)
-	}
+	streams := jsonLines[streamResult](t, "stream", out)
 	if len(streams) != 2 || streams[0].Size != 4096 || streams[1].Size != 1<<20 {
 		t.Fatalf("stream results: %+v", streams)
 	}
@@ -434,15 +418,7 @@ func TestEndToEnd(t *testing.T) {
 	// Synchronous sends after a warm-up: the server counts only the
 	// measured messages.
 	out = client("stream", "-i", "eth0", "-e", "6", "-json", "-sync", "-warmup", "30", "-sizes", "8,64k", "-n", "100", "-window", "4", "h2")
-	streams = streams[:0]
-	sc = bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		var r streamResult
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("stream -sync -json line %q: %v", sc.Text(), err)
-		}
-		streams = append(streams, r)
-	}
+	streams = jsonLines[streamResult](t, "stream -sync", out)
 	if len(streams) != 2 {
 		t.Fatalf("stream -sync -warmup results: %+v", streams)
 	}
@@ -471,6 +447,22 @@ func TestEndToEnd(t *testing.T) {
 			t.Errorf("stream -umem -umem-gather %s:\n%s", g, out)
 		}
 	}
+}
+
+// jsonLines parses out, the -json output of the tool's command cmd: one
+// T a line.
+func jsonLines[T any](t *testing.T, cmd string, out []byte) []T {
+	t.Helper()
+	var got []T
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var r T
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("%s -json line %q: %v", cmd, sc.Text(), err)
+		}
+		got = append(got, r)
+	}
+	return got
 }
 
 // exitCode is the exit status of a finished command (-1 if it did not
