@@ -36,12 +36,16 @@ type leanLink struct {
 	woken    atomic.Bool
 	closed   atomic.Bool
 	txFrames atomic.Uint64
+	side     int // its trace log (xdp.Trace): a pair's links are 0 and 1
 }
+
+// TraceSide tells the engine which trace log its points go to.
+func (l *leanLink) TraceSide() int { return l.side }
 
 func newLeanPair() (a, b *leanLink) {
 	r1, r2 := new(leanRing), new(leanRing)
 	a = &leanLink{mac: net.HardwareAddr{2, 0, 0, 0, 0, 1}, tx: r1, rx: r2}
-	b = &leanLink{mac: net.HardwareAddr{2, 0, 0, 0, 0, 2}, tx: r2, rx: r1}
+	b = &leanLink{mac: net.HardwareAddr{2, 0, 0, 0, 0, 2}, tx: r2, rx: r1, side: 1}
 	return a, b
 }
 
@@ -68,12 +72,14 @@ func (l *leanLink) push(build func([]byte) int) bool {
 	}
 	i := h % uint32(len(r.frames))
 	r.lens[i] = build(r.frames[i][:])
+	xdp.Trace(l.side, xdp.TraceKick)
 	r.head.Store(h + 1)
 	l.txFrames.Add(1)
 	return true
 }
 
 func (l *leanLink) SendBuilt(n int, b xdp.Builder) (int, error) {
+	xdp.Trace(l.side, xdp.TraceLinkSend)
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
 	for i := 0; i < n; i++ {
@@ -105,6 +111,7 @@ func (l *leanLink) recv(max int, timeout time.Duration, visit func([]byte)) (int
 		}
 		t, h := r.tail.Load(), r.head.Load()
 		if h != t {
+			xdp.Trace(l.side, xdp.TraceRxSeen)
 			n := 0
 			for ; t != h && n < max; t, n = t+1, n+1 {
 				i := t % uint32(len(r.frames))

@@ -141,3 +141,16 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		prev = r.median
 	}
 }
+
+// BenchmarkTraceLean is BenchmarkTraceAFXDP's msglayer ping-pong in
+// busy-poll mode over lean links (BenchmarkPingPongLean): the engine's
+// own steps, without the kernel's noise between them.
+func BenchmarkTraceLean(b *testing.B) {
+	a, c := leanWorld().pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+	pingPong(b, a, c, 8, 1000, nil)
+	xdp.StartTrace()
+	rtts := pingPong(b, a, c, 8, b.N, make([]time.Duration, 0, b.N))
+	events, tick := xdp.StopTrace()
+	reportRTT(b, rtts, 0)
+	printTrace(b, events, tick)
+}
