@@ -33,17 +33,25 @@ type peer struct {
 	// cwnd is how many of the window's frames may be in flight: a
 	// receiver that many senders flood at once loses frames (its receive
 	// ring overflows), and each sender then resending its whole window
-	// at every timeout kept it flooded. A loss found by a timeout or a
-	// selective ack halves cwnd (at most once a round trip, down to
-	// minCwnd); each cwnd frames acked grow it by one (cwndAcked counts
-	// them), up to the window.
-	cwnd, cwndAcked uint32
-	cwndCutAt       int64    // when cwnd last halved
-	sendHead        *request // messages waiting for window space, in order
-	sendTail        *request
-	srtt            int64 // smoothed round trip (ns); 0 before the first sample
-	rttvar          int64
-	rto             int64
+	// at every timeout kept it flooded. A loss found by a selective ack
+	// halves cwnd (at most once a round trip, down to minCwnd); a timeout
+	// drops it to minCwnd and starts a recovery (below). Below ssthresh
+	// each frame acked grows cwnd by one (slow start: it doubles every
+	// round trip); above it, each cwnd frames acked grow it by one
+	// (cwndAcked counts them), up to the window.
+	cwnd, cwndAcked, ssthresh uint32
+	cwndCutAt                 int64 // when cwnd last shrank
+	// recovery: after a timeout, every frame in flight then (below
+	// recoverEnd) is presumed lost and resent from the oldest, as acks
+	// make room in cwnd, rather than all at once; rexmitNext is the next
+	// one to resend. Only the frames resent are timed meanwhile.
+	recovering             bool
+	rexmitNext, recoverEnd uint32
+	sendHead               *request // messages waiting for window space, in order
+	sendTail               *request
+	srtt                   int64 // smoothed round trip (ns); 0 before the first sample
+	rttvar                 int64
+	rto                    int64
 	// Pull blocks: smoothed time from request to last frame (ns; 0 before
 	// the first block), which includes the wait behind other blocks.
 	pullSRTT, pullVar int64
@@ -155,7 +163,7 @@ func newPeer(e *Endpoint, a Addr) *peer {
 	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC), localID: e.session}
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
-	p.cwnd = uint32(len(p.win))
+	p.cwnd, p.ssthresh = uint32(len(p.win)), uint32(len(p.win))
 	for i := range p.win {
 		p.win[i].peer = p
 	}
@@ -345,6 +353,8 @@ func (p *peer) clear(code Code) {
 		p.releaseOOO(&p.ooo[i])
 	}
 	p.nextSeq, p.acked, p.expected = 0, 0, 0
+	// cwnd is the path's and stays; it grows back by slow start.
+	p.recovering, p.ssthresh = false, uint32(len(p.win))
 	p.ackQueued = false
 	p.oooCount, p.ackPending, p.ackDue, p.ackLazy = 0, 0, 0, false
 	p.refused, p.refusedSeen = false, false
@@ -482,6 +492,10 @@ func (p *peer) removeSend(r *request) {
 	r.sprev, r.snext, r.inSendQ = nil, nil, false
 }
 
+// slot returns the window slot of sequence number seq. The window's
+// length is a power of two (Config.Window): a mask, not a division.
+func (p *peer) slot(seq uint32) *txSlot { return &p.win[seq&uint32(len(p.win)-1)] }
+
 // inFlight is the number of reliable frames sent and not acknowledged.
 func (p *peer) inFlight() uint32 { return p.nextSeq - p.acked }
 
@@ -497,7 +511,7 @@ func (p *peer) nextSlot() *txSlot {
 			return nil
 		}
 	}
-	s := &p.win[p.nextSeq%uint32(len(p.win))]
+	s := p.slot(p.nextSeq)
 	if s.pending > 0 {
 		p.ep.blockedOnSlot, p.ep.eng.slotBlocked = true, true
 		return nil
@@ -823,7 +837,7 @@ func (p *peer) ackUpTo(ack uint32, now int64) bool {
 	}
 	e := p.ep
 	for seq := p.acked; seq != ack; seq++ {
-		s := &p.win[seq%uint32(len(p.win))]
+		s := p.slot(seq)
 		if s.retries == 0 && !s.sacked && !s.stamp {
 			p.rttSample(now - s.sentAt)
 		}
@@ -836,9 +850,7 @@ func (p *peer) ackUpTo(ack uint32, now int64) bool {
 		}
 		s.used, s.req, s.sacked = false, nil, false
 		e.eng.releaseSlot(s)
-		if p.cwndAcked++; p.cwndAcked >= p.cwnd && p.cwnd < uint32(len(p.win)) {
-			p.cwnd, p.cwndAcked = p.cwnd+1, 0
-		}
+		p.grow()
 	}
 	p.acked = ack
 	p.lastHeard = max(p.lastHeard, now)
@@ -851,7 +863,7 @@ func (p *peer) ackUpTo(ack uint32, now int64) bool {
 // +checklocks:p.ep.eng.mu
 func (p *peer) detach(r *request) {
 	for seq := p.acked; seq != p.nextSeq && r.unacked > 0; seq++ {
-		if s := &p.win[seq%uint32(len(p.win))]; s.req == r {
+		if s := p.slot(seq); s.req == r {
 			s.req = nil
 			r.unacked--
 		}
@@ -919,14 +931,14 @@ func (p *peer) onSack(ack uint32, sack []byte, now int64) {
 		if seq-p.acked >= p.inFlight() {
 			break
 		}
-		p.win[seq%uint32(len(p.win))].sacked = true
+		p.slot(seq).sacked = true
 		highest = i
 	}
 	// Frames below the highest sacked one that are not held were lost.
 	quiet := max(p.srtt, int64(100*time.Microsecond))
 	for i := -1; i < highest; i++ {
 		seq := ack + 1 + uint32(i)
-		s := &p.win[seq%uint32(len(p.win))]
+		s := p.slot(seq)
 		if s.used && !s.sacked && !s.stamp && now-s.sentAt > quiet {
 			p.retransmit(s, now)
 			p.lost(now)
@@ -938,8 +950,21 @@ func (p *peer) onSack(ack uint32, sack []byte, now int64) {
 // once.
 const minCwnd = 2
 
-// lost halves the congestion window for frames found lost, once per
-// round trip: the losses of one flood are one event.
+// grow opens the congestion window for one frame acked.
+func (p *peer) grow() {
+	switch {
+	case p.cwnd >= uint32(len(p.win)):
+	case p.cwnd < p.ssthresh:
+		p.cwnd++
+	default:
+		if p.cwndAcked++; p.cwndAcked >= p.cwnd {
+			p.cwnd, p.cwndAcked = p.cwnd+1, 0
+		}
+	}
+}
+
+// lost halves the congestion window for frames a selective ack found
+// lost, once per round trip: the losses of one flood are one event.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) lost(now int64) {
@@ -947,7 +972,96 @@ func (p *peer) lost(now int64) {
 		return
 	}
 	p.cwnd, p.cwndAcked, p.cwndCutAt = max(p.cwnd/2, minCwnd), 0, now
+	p.ssthresh = p.cwnd
 	p.ep.stats.CwndCuts++
+}
+
+// timedOut handles the timeout of a frame in flight: nothing came back
+// for a whole timeout, so every frame in flight is presumed lost. The
+// window shrinks to minCwnd (ssthresh to half the frames in flight, so
+// that a timeout repeated while a partition lasts does not leave it
+// small once the path heals) and a
+// recovery resends the frames from the oldest, cwnd at a time, each ack
+// letting more go (recover). A timeout during a recovery starts it again
+// from the oldest frame.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) timedOut(now int64) {
+	p.ssthresh = max(p.inFlight()/2, minCwnd)
+	p.cwnd, p.cwndAcked, p.cwndCutAt = minCwnd, 0, now
+	p.ep.stats.CwndCuts++
+	p.recovering, p.rexmitNext, p.recoverEnd = true, p.acked, p.nextSeq
+	p.recover(now)
+}
+
+// recover resends the frames of a recovery (timedOut) while cwnd has
+// room for them: the frames from the oldest in flight to rexmitNext
+// count as in flight again. Frames the receiver holds (selectively
+// acked) are skipped but for the oldest: a selective ack is advisory.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) recover(now int64) {
+	if !p.recovering {
+		return
+	}
+	if p.rexmitNext-p.acked > p.inFlight() {
+		p.rexmitNext = p.acked // acks overtook the recovery
+	}
+	if p.recoverEnd-p.acked > p.inFlight() {
+		p.recovering = false // every frame of the recovery is acked
+		return
+	}
+	for p.rexmitNext-p.acked < p.cwnd {
+		if p.rexmitNext == p.recoverEnd {
+			p.recovering = false
+			return
+		}
+		seq := p.rexmitNext
+		if s := p.slot(seq); s.used && !s.stamp && (!s.sacked || seq == p.acked) {
+			p.retransmit(s, now)
+		}
+		p.rexmitNext++
+	}
+}
+
+// timeouts starts a recovery (timedOut) if a frame timed out, and
+// returns when the next one times out. The frames timed are those in
+// flight, but the ones a recovery is yet to resend and the ones the
+// receiver selectively acked (the oldest aside: a selective ack is
+// advisory, the receiver may drop a frame it held when it refuses an
+// eager message it has no room for).
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) timeouts(now int64) int64 {
+	p.recover(now) // acks taken without a pump (nextSlot) may have made room
+	for pass := 0; ; pass++ {
+		due, expired := int64(0), false
+		for seq := p.acked; seq != p.nextSeq && !p.awaitsRecovery(seq); seq++ {
+			s := p.slot(seq)
+			if !s.used || s.stamp || (s.sacked && seq != p.acked) {
+				continue
+			}
+			t := s.sentAt + p.rtoFor(s)
+			if now >= t {
+				// Not resent (still on its way out): timed from now.
+				expired, t = true, now+p.rtoFor(s)
+			}
+			if due == 0 || t < due {
+				due = t
+			}
+		}
+		if !expired || pass > 0 {
+			return due
+		}
+		p.timedOut(now)
+	}
+}
+
+// awaitsRecovery reports whether frame seq, in flight, waits for a
+// recovery to resend it: it is not timed meanwhile. The oldest frame is
+// always timed, so that a recovery whose acks are lost starts again.
+func (p *peer) awaitsRecovery(seq uint32) bool {
+	return p.recovering && seq != p.acked && seq-p.acked >= p.rexmitNext-p.acked
 }
 
 // retransmit sends a window slot's frame again with the current ack.
@@ -971,6 +1085,7 @@ func (p *peer) retransmit(s *txSlot, now int64) {
 // +checklocks:p.ep.eng.mu
 func (p *peer) pump(now int64) {
 	e := p.ep
+	p.recover(now) // the frames presumed lost go first
 	for r := p.sendHead; r != nil; r = p.sendHead {
 		if !e.frameMessage(p, r, now) {
 			return
@@ -1005,29 +1120,12 @@ func (p *peer) runTimers(now int64) int64 {
 		// A peer is dead when it has been silent for GiveUp while we wait
 		// for it; a slow receiver that keeps answering is not.
 		// A frame not stamped yet is on its way out: nothing to time.
-		oldest := &p.win[p.acked%uint32(len(p.win))]
+		oldest := p.slot(p.acked)
 		if !oldest.stamp && now-max(p.lastHeard, oldest.firstSent) > int64(cfg.GiveUp) {
 			p.die(now)
 			return 0
 		}
-		due := int64(0)
-		for seq := p.acked; seq != p.nextSeq; seq++ {
-			s := &p.win[seq%uint32(len(p.win))]
-			// A selective ack is advisory: the receiver may drop a frame it
-			// held (it refuses an eager message it has no room for), so the
-			// oldest frame is retransmitted on timeout whatever it said.
-			if !s.used || s.stamp || (s.sacked && seq != p.acked) {
-				continue
-			}
-			if t := s.sentAt + p.rtoFor(s); now >= t {
-				p.retransmit(s, now)
-				p.lost(now)
-				at(now + p.rtoFor(s))
-			} else if due == 0 || t < due {
-				due = t
-			}
-		}
-		at(due)
+		at(p.timeouts(now))
 	}
 	// Keepalive while we wait on the peer for something other than acks
 	// (a notify, pull data, the rest of an eager message): a dead peer

@@ -131,9 +131,10 @@ func TestBundleCountedOnce(t *testing.T) {
 	}
 }
 
-// TestCongestionWindow: frames found lost by a timeout halve the peer's
-// congestion window, once for the losses of one round trip; no more
-// frames than it allows go out; acked frames grow it again.
+// TestCongestionWindow: a timeout shrinks the peer's congestion window
+// to minCwnd and resends the frames in flight from the oldest, as acks
+// come back (a recovery), each once; slow start grows the window again;
+// no more frames than it allows go out.
 func TestCongestionWindow(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a, b := n.a, n.b
@@ -154,13 +155,24 @@ func TestCongestionWindow(t *testing.T) {
 	n.timers(a) // stamps them sent now
 	n.clock.Advance(50 * time.Millisecond)
 	n.timers(a)
-	n.timers(a) // the same losses: no second cut
-	if p.cwnd != full/2 || a.Counters().CwndCuts != 1 {
-		t.Fatalf("after a timeout: cwnd %d, %d cuts; want %d, 1", p.cwnd, a.Counters().CwndCuts, full/2)
+	n.timers(a) // the recovery waits for acks: nothing more goes
+	if p.cwnd != minCwnd || p.ssthresh != 32 || a.Counters().CwndCuts != 1 {
+		t.Fatalf("after a timeout: cwnd %d, ssthresh %d, %d cuts; want %d, 32 (half the frames in flight), 1", p.cwnd, p.ssthresh, a.Counters().CwndCuts, minCwnd)
 	}
-	n.settle(10, time.Millisecond) // the retransmissions arrive, and their acks
-	if p.inFlight() != 0 {
-		t.Fatalf("%d frames still in flight", p.inFlight())
+	if resent := n.la.lastOut(); len(resent) != minCwnd {
+		t.Fatalf("the timeout resent %d frames, want %d (cwnd)", len(resent), minCwnd)
+	}
+	n.settle(30, time.Millisecond) // the retransmissions arrive, and their acks
+	if p.inFlight() != 0 || p.recovering {
+		t.Fatalf("%d frames still in flight (recovering %v)", p.inFlight(), p.recovering)
+	}
+	if c := a.Counters(); c.Retransmits != 64 || c.CwndCuts != 1 {
+		t.Fatalf("the recovery made %d retransmissions and %d cuts; want each lost frame resent once (64) and 1", c.Retransmits, c.CwndCuts)
+	}
+	// 30 acks of slow start take it from 2 to ssthresh (32); of the 34
+	// after them, 32 grow it by one.
+	if p.cwnd != 33 {
+		t.Fatalf("after 64 frames acked, cwnd %d; want 33", p.cwnd)
 	}
 	// A small window holds the rest back until acks come.
 	a.eng.mu.Lock()

@@ -302,6 +302,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 	}
 	p.expected++
 	records := h.typ == tRndv // every frame this ack covers is a rendezvous record
+	filled := false           // a hole closed: the sender learns it at once
 	for p.oooCount > 0 {
 		s := &p.ooo[p.expected%w]
 		if !s.full {
@@ -336,6 +337,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 			break
 		}
 		p.expected++
+		filled = true
 		records = records && fh.typ == tRndv
 	}
 	if p.in.active && !p.tm.armed() {
@@ -352,7 +354,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 	// for each.
 	lazy := records && (p.ackDue == 0 || p.ackLazy)
 	switch {
-	case p.ackPending >= e.cfg.AckEvery:
+	case p.ackPending >= e.cfg.AckEvery || filled:
 		p.sendAck()
 	case p.ackDue == 0 || (p.ackLazy && !lazy):
 		due := now + int64(e.cfg.AckDelay)
@@ -782,7 +784,7 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) eagerFirst(seq uint32) *request {
-	s := &p.win[seq%uint32(len(p.win))]
+	s := p.slot(seq)
 	if s.used && s.seq == seq && s.first && s.req != nil && s.req.kind == kindSend && !s.req.rndv {
 		return s.req
 	}
