@@ -52,6 +52,13 @@ type Config struct {
 
 	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
 	UnexpectedBytes     int // bound on unexpected eager data held (default 8 MiB)
+	// OutOfOrderBytes bounds the memory of the frames an endpoint holds
+	// because they arrived ahead of a gap, from all its peers (default
+	// 4 MiB, at least one frame). At the bound such a frame is dropped
+	// (OutOfOrderDropped) and comes again from its sender, which it was
+	// not acked to: many senders whose frames a receiver's ring dropped
+	// at once would otherwise have it hold up to a window per sender.
+	OutOfOrderBytes int
 	// MaxUnexpectedRndv bounds the unexpected rendezvous records held
 	// (default 65536). At the bound a peer's next record is dropped and
 	// resent until there is room, and the frames behind it from that peer
@@ -164,6 +171,7 @@ func (c *Config) setDefaults() error {
 	}
 	def(&c.RendezvousThreshold, 32<<10)
 	def(&c.UnexpectedBytes, 8<<20)
+	def(&c.OutOfOrderBytes, 4<<20)
 	def(&c.MaxUnexpectedRndv, 65536)
 	def(&c.Window, 256)
 	def(&c.AckEvery, 4)
@@ -182,7 +190,7 @@ func (c *Config) setDefaults() error {
 	for _, v := range []struct {
 		name string
 		v    int
-	}{{"RendezvousThreshold", c.RendezvousThreshold}, {"UnexpectedBytes", c.UnexpectedBytes},
+	}{{"RendezvousThreshold", c.RendezvousThreshold}, {"UnexpectedBytes", c.UnexpectedBytes}, {"OutOfOrderBytes", c.OutOfOrderBytes},
 		{"MaxUnexpectedRndv", c.MaxUnexpectedRndv}, {"Window", c.Window}, {"AckEvery", c.AckEvery},
 		{"PullBlocks", c.PullBlocks}, {"UMEMBufferBytes", c.UMEMBufferBytes}} {
 		if v.v < 0 {
@@ -277,6 +285,10 @@ type Endpoint struct {
 	unexpBytes int
 	// +checklocks:eng.mu
 	unexpRndv int
+	// oooHeld counts the frames the endpoint's peers hold out of order
+	// (peer.oooCount summed), against Config.OutOfOrderBytes.
+	// +checklocks:eng.mu
+	oooHeld int
 	// +checklocks:eng.mu
 	connects []*request
 	// +checklocks:eng.mu
@@ -311,6 +323,7 @@ type Counters struct {
 	CwndCuts            uint64 // times frames found lost halved a peer's congestion window
 	Duplicates          uint64 // reliable frames received twice
 	OutOfOrder          uint64 // frames held until the ones before them arrived
+	OutOfOrderDropped   uint64 // frames ahead of a gap not held: OutOfOrderBytes was reached
 	AcksOut, AcksIn     uint64 // explicit acks
 	AcksBundled         uint64 // of AcksOut, those that rode in a frame to another peer (an ack bundle, tAcks, or a pull request)
 	Unexpected          uint64 // messages that matched no posted receive

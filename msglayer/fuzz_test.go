@@ -1201,6 +1201,7 @@ func endpointInvariants(e *Endpoint) string {
 	if n != e.match.nRecvs {
 		return fmt.Sprintf("%d receives queued, nRecvs %d", n, e.match.nRecvs)
 	}
+	held := 0
 	for a, p := range e.peers {
 		full := 0
 		for i := range p.ooo {
@@ -1211,6 +1212,7 @@ func endpointInvariants(e *Endpoint) string {
 		if full != p.oooCount {
 			return fmt.Sprintf("peer %v: %d frames held out of order, oooCount %d", a, full, p.oooCount)
 		}
+		held += full
 		if p.inFlight() > uint32(len(p.win)) {
 			return fmt.Sprintf("peer %v: %d frames in flight, window %d", a, p.inFlight(), len(p.win))
 		}
@@ -1228,6 +1230,12 @@ func endpointInvariants(e *Endpoint) string {
 		if rndvs != p.rndvs || pulls != p.pulls {
 			return fmt.Sprintf("peer %v: %d rendezvous and %d pulls, counted %d and %d", a, rndvs, pulls, p.rndvs, p.pulls)
 		}
+	}
+	if held != e.oooHeld {
+		return fmt.Sprintf("%d frames held out of order, oooHeld %d", held, e.oooHeld)
+	}
+	if held > 1 && held*e.eng.maxFrame() > e.cfg.OutOfOrderBytes {
+		return fmt.Sprintf("%d frames held out of order, past the bound of %d bytes", held, e.cfg.OutOfOrderBytes)
 	}
 	return ""
 }

@@ -352,6 +352,7 @@ func (p *peer) clear(code Code) {
 	for i := range p.ooo {
 		p.releaseOOO(&p.ooo[i])
 	}
+	e.oooHeld -= p.oooCount
 	p.nextSeq, p.acked, p.expected = 0, 0, 0
 	// cwnd is the path's and stays; it grows back by slow start.
 	p.recovering, p.ssthresh = false, uint32(len(p.win))

@@ -1,7 +1,9 @@
 package msglayer
 
 import (
+	"bytes"
 	"encoding/binary"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -187,5 +189,53 @@ func TestCongestionWindow(t *testing.T) {
 	n.settle(10, time.Millisecond)
 	if p.inFlight() != 0 || p.cwnd <= 4 {
 		t.Fatalf("after the acks: %d in flight, cwnd %d; want 0 and more than 4", p.inFlight(), p.cwnd)
+	}
+}
+
+// TestOutOfOrderBound: frames that arrive ahead of a gap are held up to
+// OutOfOrderBytes; past it they are dropped and counted, their sender
+// resends them, and every message still arrives whole, in order.
+func TestOutOfOrderBound(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	r, _ := a.IConnect(b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, r, Success, "connect")
+	b.eng.mu.Lock()
+	b.cfg.OutOfOrderBytes = 3 * b.eng.maxFrame()
+	b.eng.mu.Unlock()
+	const msgs = 10
+	recvs, bufs := make([]Request, msgs), make([][]byte, msgs)
+	for i := range msgs {
+		bufs[i] = make([]byte, 100)
+		recvs[i], _ = b.Irecv(uint64(i), ^uint64(0), [][]byte{bufs[i]}, nil)
+		a.Isend(b.Addr(), uint64(i), [][]byte{bytes.Repeat([]byte{byte(i + 1)}, 100)}, nil)
+	}
+	frames := n.la.take()
+	if len(frames) != msgs {
+		t.Fatalf("%d frames went out, want %d", len(frames), msgs)
+	}
+	for _, f := range frames[1:] { // the first is lost
+		n.deliver(b, f)
+	}
+	c := b.Counters()
+	b.eng.mu.Lock()
+	held := b.oooHeld
+	b.eng.mu.Unlock()
+	if c.OutOfOrder != 3 || c.OutOfOrderDropped != msgs-1-3 || held != 3 {
+		t.Fatalf("held %d frames out of order (counted %d), dropped %d; want 3, 3, %d", held, c.OutOfOrder, c.OutOfOrderDropped, msgs-1-3)
+	}
+	n.settle(40, time.Millisecond) // the timeout's recovery resends them
+	for i, r := range recvs {
+		mustComplete(t, b, r, Success, fmt.Sprintf("receive %d", i))
+		if !bytes.Equal(bufs[i], bytes.Repeat([]byte{byte(i + 1)}, 100)) {
+			t.Fatalf("message %d arrived as % x", i, bufs[i][:8])
+		}
+	}
+	b.eng.mu.Lock()
+	held = b.oooHeld
+	b.eng.mu.Unlock()
+	if held != 0 {
+		t.Fatalf("%d frames still held out of order", held)
 	}
 }

@@ -279,15 +279,20 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 			p.ooo = make([]rxSlot, w)
 		}
 		s := &p.ooo[h.seq%w]
-		if s.full {
+		switch {
+		case s.full:
 			e.stats.Duplicates++
-		} else {
+		case e.oooHeld > 0 && (e.oooHeld+1)*e.eng.maxFrame() > e.cfg.OutOfOrderBytes:
+			// Not acked, not held: its sender resends it.
+			e.stats.OutOfOrderDropped++
+		default:
 			if s.buf == nil {
 				s.buf = e.eng.scratchBuf()
 			}
 			s.n = copy(s.buf, f)
 			s.full = true
 			p.oooCount++
+			e.oooHeld++
 			e.stats.OutOfOrder++
 		}
 		p.sendAck() // the selective ack shows the hole
@@ -318,6 +323,7 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		buf := s.buf[:s.n]
 		s.buf, s.full = nil, false
 		p.oooCount--
+		e.oooHeld--
 		fh, err := decodeHeader(buf)
 		res := accepted
 		if err == nil {
