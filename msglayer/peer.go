@@ -997,8 +997,7 @@ func (p *peer) timedOut(now int64) {
 
 // recover resends the frames of a recovery (timedOut) while cwnd has
 // room for them: the frames from the oldest in flight to rexmitNext
-// count as in flight again. Frames the receiver holds (selectively
-// acked) are skipped but for the oldest: a selective ack is advisory.
+// count as in flight again.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) recover(now int64) {
@@ -1017,8 +1016,7 @@ func (p *peer) recover(now int64) {
 			p.recovering = false
 			return
 		}
-		seq := p.rexmitNext
-		if s := p.slot(seq); s.used && !s.stamp && (!s.sacked || seq == p.acked) {
+		if s := p.slot(p.rexmitNext); p.resendable(p.rexmitNext, s) {
 			p.retransmit(s, now)
 		}
 		p.rexmitNext++
@@ -1026,11 +1024,8 @@ func (p *peer) recover(now int64) {
 }
 
 // timeouts starts a recovery (timedOut) if a frame timed out, and
-// returns when the next one times out. The frames timed are those in
-// flight, but the ones a recovery is yet to resend and the ones the
-// receiver selectively acked (the oldest aside: a selective ack is
-// advisory, the receiver may drop a frame it held when it refuses an
-// eager message it has no room for).
+// returns when the next one times out. The frames timed are the
+// resendable ones a recovery is not yet to resend.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) timeouts(now int64) int64 {
@@ -1039,7 +1034,7 @@ func (p *peer) timeouts(now int64) int64 {
 		due, expired := int64(0), false
 		for seq := p.acked; seq != p.nextSeq && !p.awaitsRecovery(seq); seq++ {
 			s := p.slot(seq)
-			if !s.used || s.stamp || (s.sacked && seq != p.acked) {
+			if !p.resendable(seq, s) {
 				continue
 			}
 			t := s.sentAt + p.rtoFor(s)
@@ -1056,6 +1051,15 @@ func (p *peer) timeouts(now int64) int64 {
 		}
 		p.timedOut(now)
 	}
+}
+
+// resendable reports whether the frame of slot s, sequence number seq,
+// is one that a timeout times and a recovery resends: in flight, handed
+// to the link (stamped), and not held by the receiver, but for the
+// oldest: a selective ack is advisory, the receiver may drop a frame it
+// held when it refuses an eager message it has no room for.
+func (p *peer) resendable(seq uint32, s *txSlot) bool {
+	return s.used && !s.stamp && (!s.sacked || seq == p.acked)
 }
 
 // awaitsRecovery reports whether frame seq, in flight, waits for a
