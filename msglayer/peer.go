@@ -135,8 +135,11 @@ type txSlot struct {
 	// reading (engine.stampSent), which sets them and arms the timer.
 	stamp  bool
 	sacked bool
-	first  bool // first frame of req
-	last   bool // last frame of req
+	// retimed: sentAt was moved to when a recovery ended (peer.recover)
+	// without the frame being resent: its round trip is not known.
+	retimed bool
+	first   bool // first frame of req
+	last    bool // last frame of req
 }
 
 // rxSlot holds a reliable frame received ahead of order.
@@ -583,7 +586,7 @@ func (p *peer) sendReliable(s *txSlot, t frameType, flags uint16, payload int, r
 	s.seq = p.nextSeq
 	s.used = true
 	s.retries = 0
-	s.sacked = false
+	s.sacked, s.retimed = false, false
 	s.req, s.first, s.last = req, first, last
 	p.nextSeq++
 	p.ackSent()
@@ -839,7 +842,7 @@ func (p *peer) ackUpTo(ack uint32, now int64) bool {
 	e := p.ep
 	for seq := p.acked; seq != ack; seq++ {
 		s := p.slot(seq)
-		if s.retries == 0 && !s.sacked && !s.stamp {
+		if s.retries == 0 && !s.sacked && !s.stamp && !s.retimed {
 			p.rttSample(now - s.sentAt)
 		}
 		if r := s.req; r != nil {
@@ -1005,7 +1008,8 @@ func (p *peer) recover(now int64) {
 		return
 	}
 	if p.rexmitNext-p.acked > p.inFlight() {
-		p.rexmitNext = p.acked // acks overtook the recovery
+		p.overtaken(now)
+		return
 	}
 	if p.recoverEnd-p.acked > p.inFlight() {
 		p.recovering = false // every frame of the recovery is acked
@@ -1020,6 +1024,30 @@ func (p *peer) recover(now int64) {
 			p.retransmit(s, now)
 		}
 		p.rexmitNext++
+	}
+}
+
+// overtaken ends a recovery that acks overtook: they acknowledge frames
+// it had not resent yet, which came through. The timeout was early (the
+// frames waited in a queue longer than it: the acks' round trips raise
+// it) or the receiver held them behind the one resent. Either way the
+// rest of the flight is not presumed lost any more (as F-RTO, RFC 5682,
+// concludes): its frames are timed afresh from now, selective acks and
+// timeouts find those really lost, and the window goes back to half the
+// flight (ssthresh) rather than growing from minCwnd.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) overtaken(now int64) {
+	p.recovering = false
+	p.cwnd, p.cwndAcked = max(p.cwnd, p.ssthresh), 0
+	end := p.recoverEnd
+	if end-p.acked > p.inFlight() {
+		end = p.acked // all of it acked
+	}
+	for seq := p.acked; seq != end; seq++ {
+		if s := p.slot(seq); s.used && !s.stamp && s.retries == 0 {
+			s.sentAt, s.retimed = now, true
+		}
 	}
 }
 

@@ -239,3 +239,39 @@ func TestOutOfOrderBound(t *testing.T) {
 		t.Fatalf("%d frames still held out of order", held)
 	}
 }
+
+// TestEarlyTimeout: frames that were only slow (queued longer than the
+// timeout) are not all resent: the acks of the originals overtake the
+// recovery, which ends, and the window goes back to half the flight.
+func TestEarlyTimeout(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	r, _ := a.IConnect(b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, r, Success, "connect")
+	p := a.peers[b.Addr()]
+	for i := range 64 {
+		a.Isend(b.Addr(), uint64(i), [][]byte{make([]byte, 1000)}, nil)
+	}
+	slow := n.la.take() // delayed, not lost
+	n.timers(a)
+	n.clock.Advance(50 * time.Millisecond)
+	n.timers(a)
+	if !p.recovering || len(n.la.lastOut()) != minCwnd {
+		t.Fatalf("after the timeout: recovering %v, %d frames resent; want true, %d", p.recovering, len(n.la.lastOut()), minCwnd)
+	}
+	for _, f := range slow {
+		n.deliver(b, f)
+	}
+	n.settle(30, time.Millisecond)
+	c := a.Counters()
+	if p.inFlight() != 0 || p.recovering || c.Retransmits != minCwnd {
+		t.Fatalf("%d frames in flight, recovering %v, %d retransmissions; want 0, false, %d", p.inFlight(), p.recovering, c.Retransmits, minCwnd)
+	}
+	if p.cwnd < 32 {
+		t.Fatalf("cwnd %d after an early timeout; want at least half the flight, 32", p.cwnd)
+	}
+	if d := b.Counters().Duplicates; d != minCwnd {
+		t.Fatalf("b got %d duplicates, want %d", d, minCwnd)
+	}
+}
