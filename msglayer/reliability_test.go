@@ -138,12 +138,8 @@ func TestBundleCountedOnce(t *testing.T) {
 // come back (a recovery), each once; slow start grows the window again;
 // no more frames than it allows go out.
 func TestCongestionWindow(t *testing.T) {
-	n := newManNet(t, time.Hour)
+	n, p := connectedManNet(t)
 	a, b := n.a, n.b
-	r, _ := a.IConnect(b.Addr(), 0xb, nil)
-	n.lockstep()
-	mustComplete(t, a, r, Success, "connect")
-	p := a.peers[b.Addr()]
 	full := uint32(len(p.win))
 	if p.cwnd != full {
 		t.Fatalf("a new peer's cwnd is %d, want the window, %d", p.cwnd, full)
@@ -196,11 +192,8 @@ func TestCongestionWindow(t *testing.T) {
 // OutOfOrderBytes; past it they are dropped and counted, their sender
 // resends them, and every message still arrives whole, in order.
 func TestOutOfOrderBound(t *testing.T) {
-	n := newManNet(t, time.Hour)
+	n, _ := connectedManNet(t)
 	a, b := n.a, n.b
-	r, _ := a.IConnect(b.Addr(), 0xb, nil)
-	n.lockstep()
-	mustComplete(t, a, r, Success, "connect")
 	b.eng.mu.Lock()
 	b.cfg.OutOfOrderBytes = 3 * b.eng.maxFrame()
 	b.eng.mu.Unlock()
@@ -244,12 +237,8 @@ func TestOutOfOrderBound(t *testing.T) {
 // timeout) are not all resent: the acks of the originals overtake the
 // recovery, which ends, and the window goes back to half the flight.
 func TestEarlyTimeout(t *testing.T) {
-	n := newManNet(t, time.Hour)
+	n, p := connectedManNet(t)
 	a, b := n.a, n.b
-	r, _ := a.IConnect(b.Addr(), 0xb, nil)
-	n.lockstep()
-	mustComplete(t, a, r, Success, "connect")
-	p := a.peers[b.Addr()]
 	for i := range 64 {
 		a.Isend(b.Addr(), uint64(i), [][]byte{make([]byte, 1000)}, nil)
 	}
@@ -274,4 +263,13 @@ func TestEarlyTimeout(t *testing.T) {
 	if d := b.Counters().Duplicates; d != minCwnd {
 		t.Fatalf("b got %d duplicates, want %d", d, minCwnd)
 	}
+}
+
+// connectedManNet is a manNet whose a connected to b, and a's record of b.
+func connectedManNet(t *testing.T) (*manNet, *peer) {
+	n := newManNet(t, time.Hour)
+	r, _ := n.a.IConnect(n.b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, n.a, r, Success, "connect")
+	return n, n.a.peers[n.b.Addr()]
 }

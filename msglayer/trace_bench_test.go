@@ -60,13 +60,19 @@ func traceModes(b *testing.B, lab *netlab.Lab, busy bool) {
 		w := labWorld2(b, lab)
 		cfg := msglayer.Config{BusyPoll: busy, SpinBeforeSleep: msglayer.NoSpin}
 		a, c := w.pair(b, cfg, cfg)
-		pingPong(b, a, c, 8, 1000, nil)
-		xdp.StartTrace()
-		rtts := pingPong(b, a, c, 8, b.N, make([]time.Duration, 0, b.N))
-		events, tick := xdp.StopTrace()
-		reportRTT(b, rtts, 0)
-		printTrace(b, events, tick)
+		tracePingPong(b, a, c)
 	})
+}
+
+// tracePingPong warms a and c up, then traces b.N round trips between
+// them and prints the breakdown.
+func tracePingPong(b *testing.B, a, c *msglayer.Endpoint) {
+	pingPong(b, a, c, 8, 1000, nil)
+	xdp.StartTrace()
+	rtts := pingPong(b, a, c, 8, b.N, make([]time.Duration, 0, b.N))
+	events, tick := xdp.StopTrace()
+	reportRTT(b, rtts, 0)
+	printTrace(b, events, tick)
 }
 
 // printTrace splits the merged events at side a's start points and prints
@@ -147,10 +153,5 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 // own steps, without the kernel's noise between them.
 func BenchmarkTraceLean(b *testing.B) {
 	a, c := leanWorld().pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
-	pingPong(b, a, c, 8, 1000, nil)
-	xdp.StartTrace()
-	rtts := pingPong(b, a, c, 8, b.N, make([]time.Duration, 0, b.N))
-	events, tick := xdp.StopTrace()
-	reportRTT(b, rtts, 0)
-	printTrace(b, events, tick)
+	tracePingPong(b, a, c)
 }
