@@ -320,7 +320,7 @@ type Counters struct {
 	FramesIn, FramesOut uint64 // FramesOut: first sends (host queries and connects included)
 	BytesIn, BytesOut   uint64
 	Retransmits         uint64 // frames sent again (not in FramesOut)
-	CwndCuts            uint64 // times frames found lost halved a peer's congestion window
+	CwndCuts            uint64 // times losses shrank a peer's congestion window (a selective ack halves it, a timeout drops it to 2 frames)
 	Duplicates          uint64 // reliable frames received twice
 	OutOfOrder          uint64 // frames held until the ones before them arrived
 	OutOfOrderDropped   uint64 // frames ahead of a gap not held: OutOfOrderBytes was reached
