@@ -1045,7 +1045,7 @@ func (p *peer) overtaken(now int64) {
 		end = p.acked // all of it acked
 	}
 	for seq := p.acked; seq != end; seq++ {
-		if s := p.slot(seq); s.used && !s.stamp && s.retries == 0 {
+		if s := p.slot(seq); s.used && !s.stamp {
 			s.sentAt, s.retimed = now, true
 		}
 	}
