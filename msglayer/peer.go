@@ -44,7 +44,8 @@ type peer struct {
 	// recovery: after a timeout, every frame in flight then (below
 	// recoverEnd) is presumed lost and resent from the oldest, as acks
 	// make room in cwnd, rather than all at once; rexmitNext is the next
-	// one to resend. Only the frames resent are timed meanwhile.
+	// one to resend. Only the frames resent, and the oldest, are timed
+	// meanwhile (awaitsRecovery).
 	recovering             bool
 	rexmitNext, recoverEnd uint32
 	sendHead               *request // messages waiting for window space, in order
@@ -135,8 +136,9 @@ type txSlot struct {
 	// reading (engine.stampSent), which sets them and arms the timer.
 	stamp  bool
 	sacked bool
-	// retimed: sentAt was moved to when a recovery ended (peer.recover)
-	// without the frame being resent: its round trip is not known.
+	// retimed: sentAt was moved to when a recovery ended
+	// (peer.overtaken) without the frame being resent: its round trip is
+	// not known.
 	retimed bool
 	first   bool // first frame of req
 	last    bool // last frame of req
@@ -984,10 +986,9 @@ func (p *peer) lost(now int64) {
 // for a whole timeout, so every frame in flight is presumed lost. The
 // window shrinks to minCwnd (ssthresh to half the frames in flight, so
 // that a timeout repeated while a partition lasts does not leave it
-// small once the path heals) and a
-// recovery resends the frames from the oldest, cwnd at a time, each ack
-// letting more go (recover). A timeout during a recovery starts it again
-// from the oldest frame.
+// small once the path heals), and a recovery resends the frames from the
+// oldest, cwnd at a time, each ack letting more go (recover). A timeout
+// during a recovery starts it again from the oldest frame.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) timedOut(now int64) {
