@@ -88,6 +88,7 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		side  int32
 	}
 	offsets := map[key][]int64{}
+	var perRound []map[key]int64 // each round trip's offsets, for the steps
 	rounds, oneCPU := 0, 0
 	isStart := func(e xdp.TraceEvent) bool { return e.Point == xdp.TraceStart && e.Side == 0 }
 	for i := 0; i < len(events); {
@@ -99,7 +100,7 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		for j < len(events) && !isStart(events[j]) {
 			j++
 		}
-		round, seen, half := events[i:j], map[key]bool{}, 0
+		round, seen, half := events[i:j], map[key]int64{}, 0
 		i = j
 		rounds++
 		if rounds > b.N/2 && rounds <= b.N/2+10 && os.Getenv("XMX_TRACE_DUMP") != "" {
@@ -120,11 +121,12 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 				half = 1
 			}
 			k := key{half, e.Point, e.Side}
-			if !seen[k] {
-				seen[k] = true
+			if _, ok := seen[k]; !ok {
+				seen[k] = e.TSC - round[0].TSC
 				offsets[k] = append(offsets[k], e.TSC-round[0].TSC)
 			}
 		}
+		perRound = append(perRound, seen)
 	}
 	type row struct {
 		k      key
@@ -139,12 +141,24 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 		rows = append(rows, row{k, float64(d[len(d)/2]) * nsPerTick})
 	}
 	slices.SortFunc(rows, func(x, y row) int { return int(x.median - y.median) })
-	fmt.Printf("%s: %d round trips, %.0f %% of them with both sides on one CPU; median ns from the start to each point\n",
+	fmt.Printf("%s: %d round trips, %.0f %% of them with both sides on one CPU; median ns from the start to each point, and of each round trip's step from the point before\n",
 		b.Name(), rounds, 100*float64(oneCPU)/float64(max(rounds, 1)))
-	prev := 0.0
-	for _, r := range rows {
-		fmt.Printf("  %s %-11s side %c %7.0f   step %6.0f\n", [2]string{"ping  ", "answer"}[r.k.half], r.k.point, "ab"[r.k.side], r.median, r.median-prev)
-		prev = r.median
+	var steps []int64
+	for i, r := range rows {
+		step := r.median
+		if i > 0 {
+			steps = steps[:0]
+			for _, m := range perRound {
+				t, ok := m[r.k]
+				t0, ok0 := m[rows[i-1].k]
+				if ok && ok0 {
+					steps = append(steps, t-t0)
+				}
+			}
+			slices.Sort(steps)
+			step = float64(steps[len(steps)/2]) * nsPerTick
+		}
+		fmt.Printf("  %s %-11s side %c %7.0f   step %6.0f\n", [2]string{"ping  ", "answer"}[r.k.half], r.k.point, "ab"[r.k.side], r.median, step)
 	}
 }
 
