@@ -85,6 +85,17 @@ type Config struct {
 	UMEMBufferBytes int
 	UMEMGather      xdp.GatherMode
 
+	// RecvBudget is how many reliable frames in flight from all peers
+	// together the link should have to hold: the engine shares it among
+	// the peers that sent to it lately and tells each its share (its
+	// receive window, at least 8 frames; none said at 256 or more) in
+	// every frame it sends them, so that many senders together do not
+	// overrun the link's receive ring. 0: three quarters of the frames
+	// the link holds (on AF_XDP, 1536 of the 2048 receive frames); -1:
+	// no window is said. Like UMEMBufferBytes, the first endpoint of a
+	// process on an interface decides for all.
+	RecvBudget int
+
 	// RegCache limits the pin-down cache of Register (zero: defaults from
 	// RLIMIT_MEMLOCK).
 	RegCache regcache.CacheConfig
@@ -196,6 +207,9 @@ func (c *Config) setDefaults() error {
 		if v.v < 0 {
 			return &ArgError{Arg: v.name, Err: fmt.Errorf("%d is negative", v.v)}
 		}
+	}
+	if c.RecvBudget < -1 {
+		return &ArgError{Arg: "RecvBudget", Err: fmt.Errorf("%d: want a count of frames, 0 (the link's) or -1 (none)", c.RecvBudget)}
 	}
 	if c.Window < 2 || c.Window > 1<<15 || c.Window&(c.Window-1) != 0 {
 		// A power of two divides 2^32: sequence numbers map to the same
@@ -321,6 +335,7 @@ type Counters struct {
 	BytesIn, BytesOut   uint64
 	Retransmits         uint64 // frames sent again (not in FramesOut)
 	CwndCuts            uint64 // times losses shrank a peer's congestion window (a selective ack halves it, a timeout drops it to 2 frames)
+	WindowHeld          uint64 // times a frame waited for the receive window a peer said (smaller than the congestion window then)
 	Duplicates          uint64 // reliable frames received twice
 	OutOfOrder          uint64 // frames held until the ones before them arrived
 	OutOfOrderDropped   uint64 // frames ahead of a gap not held: OutOfOrderBytes was reached

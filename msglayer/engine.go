@@ -168,6 +168,9 @@ type engine struct {
 	scratch [][]byte // free frame buffers: unreliable frames, window slots, frames held out of order
 	// +checklocks:mu
 	badFrames uint64 // frames that failed to decode or name no endpoint
+	// recv: the receive window said to peers (recvwindow.go).
+	// +checklocks:mu
+	recv recvState
 	// +checklocks:mu
 	visiting bool // the driver is inside RecvVisit: nobody may call the link
 	// dispatching: the lock is held by the driver handling a batch of
@@ -374,6 +377,11 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	if t, ok := base.(interface{ TraceSide() int }); ok {
 		g.traceSide = t.TraceSide()
 	}
+	rxFrames := 0
+	if rb, ok := base.(xdp.RxBudget); ok {
+		rxFrames = rb.RxFrames()
+	}
+	g.recv.initRecvWindow(cfg.RecvBudget, rxFrames)
 	// A given link lends what it has; one we open, what we asked for.
 	g.lendsBuffers = g.gather != nil && (cfg.Link != nil || cfg.UMEMBufferBytes > 0)
 	g.vis.g = g
@@ -927,6 +935,7 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 // +checklocks:g.mu
 func (g *engine) runTimers(now int64) {
 	g.stampSent(now)
+	g.takeCensus(now)
 	if g.nextTimer == 0 || now < g.nextTimer {
 		return
 	}

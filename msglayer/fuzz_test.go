@@ -77,7 +77,8 @@ func FuzzDecodeHeader(f *testing.F) {
 			srcSession: binary.BigEndian.Uint32(b[8:]),
 			seq:        binary.BigEndian.Uint32(b[12:]),
 			ack:        binary.BigEndian.Uint32(b[16:]),
-			flags:      binary.BigEndian.Uint16(b[20:]),
+			window:     b[20],
+			flags:      b[21],
 			payloadLen: int(binary.BigEndian.Uint16(b[22:])),
 		}
 		if h != wantH {

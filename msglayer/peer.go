@@ -41,6 +41,14 @@ type peer struct {
 	// (cwndAcked counts them), up to the window.
 	cwnd, cwndAcked, ssthresh uint32
 	cwndCutAt                 int64 // when cwnd last shrank
+	// rwnd is the receive window the peer said in its last frame (0: no
+	// limit): reliable frames in flight to it stay below it too
+	// (sendLimit). sentAt is when it last sent us a reliable frame (or
+	// connected), census the engine's census that last counted it as a
+	// sender (engine.noteSender).
+	rwnd   uint8
+	sentAt int64
+	census uint32
 	// recovery: after a timeout, every frame in flight then (below
 	// recoverEnd) is presumed lost and resent from the oldest, as acks
 	// make room in cwnd, rather than all at once; rexmitNext is the next
@@ -510,10 +518,13 @@ func (p *peer) inFlight() uint32 { return p.nextSeq - p.acked }
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) nextSlot() *txSlot {
-	if p.inFlight() >= p.cwnd {
+	if p.inFlight() >= p.sendLimit() {
 		// The caller is framing: take a noted ack without pumping the
 		// send queue.
-		if !p.takeAck() || p.inFlight() >= p.cwnd {
+		if !p.takeAck() || p.inFlight() >= p.sendLimit() {
+			if p.sendLimit() < p.cwnd {
+				p.ep.stats.WindowHeld++
+			}
 			return nil
 		}
 	}
@@ -562,10 +573,11 @@ func (p *peer) header(t frameType) (h header) {
 // with the sequence number, flags and payload length given. It writes
 // the fields in place: a header built apart and then copied whole costs a
 // failed store-to-load forwarding on the frame path.
-func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint16, payload int) {
+func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint8, payload int) {
 	h.typ, h.dstEP, h.srcEP = t, p.addr.EP, p.ep.id
 	h.dstSession, h.srcSession = p.remoteID, p.localID
 	h.seq, h.ack, h.flags, h.payloadLen = seq, p.expected, flags, payload
+	h.window = p.ep.eng.recv.recvWindow
 }
 
 // atSend, given to sendReliable (through frameMessage) as the time, stamps
@@ -578,7 +590,7 @@ const atSend = math.MinInt64
 // written after hdrLen), writes its common header, and queues it.
 //
 // +checklocks:p.ep.eng.mu
-func (p *peer) sendReliable(s *txSlot, t frameType, flags uint16, payload int, req *request, first, last bool, now int64) {
+func (p *peer) sendReliable(s *txSlot, t frameType, flags uint8, payload int, req *request, first, last bool, now int64) {
 	e := p.ep
 	var h header
 	p.setHeader(&h, t, p.nextSeq, flags, payload)
@@ -648,7 +660,7 @@ const maxLazyAck = time.Millisecond
 // header and payload into b (after hdrLen) and returns the payload length.
 //
 // +checklocks:p.ep.eng.mu
-func (p *peer) sendCtl(t frameType, flags uint16, th func(b []byte) int) {
+func (p *peer) sendCtl(t frameType, flags uint8, th func(b []byte) int) {
 	e := p.ep
 	b := e.eng.scratchBuf()
 	n := 0

@@ -15,13 +15,15 @@ type PeerInfo struct {
 	MTU       int           `json:"mtu"`   // negotiated frame payload
 	SRTT      time.Duration `json:"srtt_ns"`
 	RTO       time.Duration `json:"rto_ns"`
-	InFlight  int           `json:"in_flight"`  // reliable frames sent and not acknowledged
-	Window    int           `json:"window"`     // the most that may be
-	Queued    bool          `json:"queued"`     // messages wait for window space
-	OutOfOrd  int           `json:"out_of_ord"` // frames from it held until the ones before arrive
-	Rndvs     int           `json:"rndvs"`      // our rendezvous sends it has not finished pulling
-	Pulls     int           `json:"pulls"`      // our pulls from it
-	Retrans   uint64        `json:"retrans"`    // frames retransmitted to it
+	InFlight  int           `json:"in_flight"`   // reliable frames sent and not acknowledged
+	Window    int           `json:"window"`      // the most that may be
+	Cwnd      int           `json:"cwnd"`        // the most the congestion window lets be now
+	RecvWin   int           `json:"recv_window"` // the most the peer said it takes (0: no limit said)
+	Queued    bool          `json:"queued"`      // messages wait for window space
+	OutOfOrd  int           `json:"out_of_ord"`  // frames from it held until the ones before arrive
+	Rndvs     int           `json:"rndvs"`       // our rendezvous sends it has not finished pulling
+	Pulls     int           `json:"pulls"`       // our pulls from it
+	Retrans   uint64        `json:"retrans"`     // frames retransmitted to it
 	LastHeard time.Duration `json:"last_heard_ns"`
 }
 
@@ -36,7 +38,7 @@ func (e *Endpoint) Peers() []PeerInfo {
 		pi := PeerInfo{
 			Addr: p.addr, Connected: p.connected, Dead: p.dead, Local: p.local != nil,
 			MTU: p.mtuOr(g.mtu), SRTT: time.Duration(p.srtt), RTO: time.Duration(p.rto),
-			InFlight: int(p.inFlight()), Window: len(p.win), Queued: p.sendHead != nil,
+			InFlight: int(p.inFlight()), Window: len(p.win), Cwnd: int(p.cwnd), RecvWin: int(p.rwnd), Queued: p.sendHead != nil,
 			OutOfOrd: p.oooCount, Rndvs: p.rndvs, Pulls: p.pulls, Retrans: p.retx,
 		}
 		if p.lastHeard != 0 {

@@ -295,7 +295,7 @@ func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
 		mask: mask, frameBytes: pl.frameBytes}
-	var flags uint16
+	var flags uint8
 	if r := pl.r; r.kind == kindGet {
 		// A Get pulls from a registered region of the peer.
 		flags, req.key, req.base = flagRegion, r.regionKey, r.regionOff

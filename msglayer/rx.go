@@ -40,6 +40,10 @@ func (e *Endpoint) handleOne(f []byte, h *header, now int64) {
 		return
 	}
 	p.lastHeard = now
+	p.rwnd = h.window
+	if h.typ.reliable() {
+		e.eng.noteSender(p, now)
+	}
 	switch {
 	case h.typ.reliable() || h.typ == tPullReply || h.typ == tPullReq:
 		// Handling these does not look at the send window: its ack
@@ -197,6 +201,9 @@ func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int
 	}
 	p.mtu = negotiateMTU(e.eng.mtu, mtu)
 	p.lastHeard = now
+	// A peer that connects is about to send: its share is counted, and
+	// said in the reply, before its first frames come.
+	e.eng.noteSender(p, now)
 	e.sendConnReply(src, x, p.localID, p.localGen, connID, Success)
 }
 
@@ -207,7 +214,7 @@ func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int
 func (e *Endpoint) sendConnReply(src Addr, dst, id, gen, connID uint32, code Code) {
 	g := e.eng
 	b := g.scratchBuf()
-	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: dst, srcSession: id, seq: gen}
+	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: dst, srcSession: id, seq: gen, window: g.recv.recvWindow}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
 	e.sendFrame(b[:frameLen(tConnectReply, 0)])
@@ -250,6 +257,7 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 			}
 			p.mtu = negotiateMTU(e.eng.mtu, mtu)
 			p.lastHeard = now
+			p.rwnd = h.window
 		}
 		e.connects = append(e.connects[:i], e.connects[i+1:]...)
 		e.complete(r, code)

@@ -50,7 +50,7 @@ func (e *Endpoint) frameMessage(p *peer, r *request, now int64) bool {
 		}
 		rh := rndvHdr{match: r.match, msgLen: uint32(r.length), rndvID: r.rndvID}
 		rh.put(s.buf[hdrLen:])
-		var flags uint16
+		var flags uint8
 		if r.sync {
 			flags = flagSync
 		}

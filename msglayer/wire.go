@@ -21,7 +21,10 @@ import (
 //	12 u32 sequence number (reliable types; in a connect or connect reply,
 //	       the generation of the sender's id; 0 otherwise)
 //	16 u32 cumulative ack: every reliable frame below it from the receiver has arrived
-//	20 u16 flags
+//	20 u8  receive window: how many reliable frames the sender of this frame
+//	       takes in flight from the receiver, beyond the cumulative ack
+//	       (0: it asks for no limit; see recvwindow.go)
+//	21 u8  flags
 //	22 u16 payload length (bytes after the type header)
 //
 // All integers are big-endian. Reliable types (eager, rendezvous, notify,
@@ -118,7 +121,8 @@ type header struct {
 	srcSession uint32
 	seq        uint32
 	ack        uint32
-	flags      uint16
+	window     uint8 // receive window (0: no limit)
+	flags      uint8
 	payloadLen int
 }
 
@@ -160,7 +164,8 @@ func (h *header) decode(f []byte) error {
 	h.srcSession = binary.BigEndian.Uint32(b[8:])
 	h.seq = binary.BigEndian.Uint32(b[12:])
 	h.ack = binary.BigEndian.Uint32(b[16:])
-	h.flags = binary.BigEndian.Uint16(b[20:])
+	h.window = b[20]
+	h.flags = b[21]
 	h.payloadLen = int(binary.BigEndian.Uint16(b[22:]))
 	// Frames may be padded to the Ethernet minimum: the payload must fit,
 	// it need not fill the frame.
@@ -186,7 +191,8 @@ func putHeader(f []byte, dst, src *[6]byte, etherType uint16, h *header) []byte 
 	binary.BigEndian.PutUint32(b[8:], h.srcSession)
 	binary.BigEndian.PutUint32(b[12:], h.seq)
 	binary.BigEndian.PutUint32(b[16:], h.ack)
-	binary.BigEndian.PutUint16(b[20:], h.flags)
+	b[20] = h.window
+	b[21] = h.flags
 	binary.BigEndian.PutUint16(b[22:], uint16(h.payloadLen))
 	return f[hdrLen:]
 }

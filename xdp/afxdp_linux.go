@@ -584,6 +584,12 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 	return n, err
 }
 
+// RxFrames implements RxBudget: the link's receive frames, all of which
+// the kernel holds while traffic comes in bursts (see RxLevel).
+//
+// +checklocksignore: lvl.high is set when the link is built, never after.
+func (l *AFXDPLink) RxFrames() int { return int(l.lvl.high) }
+
 // RxIdle implements IdleProber. It reports, without a lock, that a poll
 // would find nothing to do: the RX ring is empty (its producer index is
 // where we last consumed to) and the kernel asks for no wake-up on the

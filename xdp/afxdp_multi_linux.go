@@ -272,6 +272,15 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 	}
 }
 
+// RxFrames implements RxBudget: the receive frames of every queue.
+func (m *AFXDPMultiLink) RxFrames() int {
+	n := 0
+	for _, l := range m.links {
+		n += l.RxFrames()
+	}
+	return n
+}
+
 // RxIdle implements IdleProber: every queue's link is idle. It takes no
 // lock (the queue links are set at open and look at their rings without
 // one).

@@ -110,6 +110,17 @@ type IdleProber interface {
 	RxIdle() bool
 }
 
+// RxBudget is implemented by links that hold a bounded number of received
+// frames: frames that arrive faster than they are received wait in the
+// link, and beyond RxFrames of them some are dropped (the AF_XDP links:
+// their receive frames; the in-memory link: its queue). A protocol with
+// many senders shares the bound among them (msglayer's receive window).
+// AF_PACKET, whose bound is the socket's buffer in bytes, does not
+// implement it.
+type RxBudget interface {
+	RxFrames() int
+}
+
 // FrameBuilder is implemented by links that let the caller write frames
 // directly into transmit memory (the UMEM for AF_XDP), saving the copy Send
 // makes. Every link of this package implements it.

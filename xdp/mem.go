@@ -723,6 +723,10 @@ func (l *MemLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, err
 	return l.recvLocked(nil, nil, max, v, timeout)
 }
 
+// RxFrames implements RxBudget: the frames the link's queue holds
+// (MemConfig.QueueLen).
+func (l *MemLink) RxFrames() int { return l.hub.cfg.Load().queueLen }
+
 // RxIdle implements IdleProber: the receive queue is empty (a frame
 // queued but not yet due counts as one).
 func (l *MemLink) RxIdle() bool {

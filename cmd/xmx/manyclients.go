@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"reflect"
 	"runtime/metrics"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -89,6 +90,8 @@ type mcConfig struct {
 	// Protocol knobs for investigation (0: msglayer's defaults).
 	minRTO     time.Duration
 	pullBlocks int
+	recvBudget int
+	cpuProfile string // file the run's CPU profile goes to ("": none)
 }
 
 func runManyClients(args []string) error {
@@ -96,10 +99,40 @@ func runManyClients(args []string) error {
 	if err != nil {
 		return err
 	}
-	if c.role == "server" {
-		return mcServe(c)
+	stop, err := startCPUProfile(c.cpuProfile)
+	if err != nil {
+		return err
 	}
-	return mcClients(c)
+	if c.role == "server" {
+		err = mcServe(c)
+	} else {
+		err = mcClients(c)
+	}
+	return errors.Join(err, stop())
+}
+
+// startCPUProfile starts a CPU profile of the process into the file at
+// path (none if path is empty) and returns what stops it and closes the
+// file.
+func startCPUProfile(path string) (stop func() error, err error) {
+	if path == "" {
+		return func() error { return nil }, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("-cpuprofile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("-cpuprofile %s: %w", path, err)
+	}
+	return func() error {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("-cpuprofile %s: %w", path, err)
+		}
+		return nil
+	}, nil
 }
 
 // parseManyClients reads and validates the command line (usage and parse
@@ -155,6 +188,8 @@ estimate of the data they sent more than once.
 	fs.BoolVar(&c.perClient, "buffer-per-client", false, "clients: each endpoint sends from a buffer of its own (default: the process's endpoints share one, as clients on hosts of their own each have theirs in cache)")
 	fs.BoolVar(&c.goPerClient, "goroutine-per-client", false, "clients: drive each endpoint from a goroutine of its own, waiting on a group of its own (default: one goroutine waits on one group spanning the process's endpoints, as a client host would have one process)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
+	fs.IntVar(&c.recvBudget, "recv-budget", 0, "msglayer RecvBudget, the frames in flight from all peers together shared among them as receive windows (0: its default, three quarters of the link's receive frames; -1: no window)")
+	fs.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the run to this file (for go tool pprof)")
 	fs.IntVar(&c.pullBlocks, "pull-blocks", 0, "server: msglayer PullBlocks, pull blocks of 32 frames in flight per message (0: its default, 16)")
 	if err := parseFlags(fs, args); err != nil {
 		return nil, err
@@ -274,6 +309,9 @@ estimate of the data they sent more than once.
 	if c.pullBlocks < 0 || c.pullBlocks > 64 {
 		return nil, bad("-pull-blocks %d: want 0..64", c.pullBlocks)
 	}
+	if c.recvBudget < -1 {
+		return nil, bad("-recv-budget %d: want a count of frames, 0 (the default) or -1 (no window)", c.recvBudget)
+	}
 	if c.maxMsgs < 1 {
 		return nil, bad("-max-msgs %d: must be positive", c.maxMsgs)
 	}
@@ -304,6 +342,7 @@ func (c *mcConfig) endpointConfig(id uint8) msglayer.Config {
 	cfg.UnexpectedBytes = c.unexp
 	cfg.MinRTO = c.minRTO
 	cfg.PullBlocks = c.pullBlocks
+	cfg.RecvBudget = c.recvBudget
 	return cfg
 }
 
