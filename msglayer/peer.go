@@ -854,10 +854,11 @@ func (p *peer) ackUpTo(ack uint32, now int64) bool {
 		return false
 	}
 	e := p.ep
+	flight := p.inFlight() // frames acked per round trip: samples per round trip
 	for seq := p.acked; seq != ack; seq++ {
 		s := p.slot(seq)
 		if s.retries == 0 && !s.sacked && !s.stamp && !s.retimed {
-			p.rttSample(now - s.sentAt)
+			p.rttSample(now-s.sentAt, flight)
 		}
 		if r := s.req; r != nil {
 			r.unacked--
@@ -889,11 +890,17 @@ func (p *peer) detach(r *request) {
 }
 
 // rttSample updates the round-trip estimate (RFC 6298) from one sample
-// and derives the retransmission timeout.
-func (p *peer) rttSample(rtt int64) {
+// and derives the retransmission timeout. Every frame acked is a sample,
+// and a window of n frames in flight gives n of them per round trip: the
+// gains are divided by n (RFC 7323, appendix G), so that the estimate
+// forgets a spike of delay over round trips, as with one sample per
+// round trip, not over the frames of one (the next spike would then find
+// the timeout back at the usual round trip, and fire spuriously).
+func (p *peer) rttSample(rtt int64, n uint32) {
 	if rtt <= 0 {
 		rtt = 1
 	}
+	k := int64(max(n, 1))
 	if p.srtt == 0 {
 		p.srtt = rtt
 		p.rttvar = rtt / 2
@@ -902,8 +909,8 @@ func (p *peer) rttSample(rtt int64) {
 		if d < 0 {
 			d = -d
 		}
-		p.rttvar = (3*p.rttvar + d) / 4
-		p.srtt = (7*p.srtt + rtt) / 8
+		p.rttvar += (d - p.rttvar) / (4 * k)
+		p.srtt += (rtt - p.srtt) / (8 * k)
 	}
 	cfg := &p.ep.cfg
 	p.rto = min(max(p.srtt+4*p.rttvar, int64(cfg.MinRTO)), int64(cfg.MaxRTO))

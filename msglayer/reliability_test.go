@@ -273,3 +273,39 @@ func connectedManNet(t *testing.T) (*manNet, *peer) {
 	mustComplete(t, n.a, r, Success, "connect")
 	return n, n.a.peers[n.b.Addr()]
 }
+
+// TestRTOAfterStall: 64 frames in flight per round trip, each acked frame
+// an RTT sample. A stall that delays a whole round trip's frames (20 ms
+// against 1 ms) must keep the timeout up for the round trips after it, as
+// one sample per round trip would: at per-frame gains the estimate forgot
+// it within the next round trip's 64 samples, and the next stall fired
+// the timeout spuriously.
+func TestRTOAfterStall(t *testing.T) {
+	_, p := connectedManNet(t)
+	const flight = 64
+	round := func(rtt time.Duration) {
+		for range flight {
+			p.rttSample(int64(rtt), flight)
+		}
+	}
+	for range 50 {
+		round(time.Millisecond)
+	}
+	if rto := time.Duration(p.rto); rto > 3*time.Millisecond {
+		t.Fatalf("timeout %v after steady 1 ms round trips", rto)
+	}
+	round(20 * time.Millisecond)
+	stalled := time.Duration(p.rto)
+	round(time.Millisecond)
+	after := time.Duration(p.rto)
+	t.Logf("timeout %v after the stall, %v a round trip later", stalled, after)
+	if after < 10*time.Millisecond {
+		t.Errorf("timeout %v a round trip after a 20 ms stall: forgotten", after)
+	}
+	for range 30 {
+		round(time.Millisecond)
+	}
+	if rto := time.Duration(p.rto); rto > 3*time.Millisecond {
+		t.Errorf("timeout %v 30 round trips after the stall: not forgotten", rto)
+	}
+}
