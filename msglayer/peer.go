@@ -40,15 +40,13 @@ type peer struct {
 	// round trip); above it, each cwnd frames acked grow it by one
 	// (cwndAcked counts them), up to the window.
 	cwnd, cwndAcked, ssthresh uint32
-	cwndCutAt                 int64 // when cwnd last shrank
 	// rwnd is the receive window the peer said in its last frame (0: no
 	// limit): reliable frames in flight to it stay below it too
-	// (sendLimit). sentAt is when it last sent us a reliable frame (or
-	// connected), census the engine's census that last counted it as a
-	// sender (engine.noteSender).
-	rwnd   uint8
-	sentAt int64
-	census uint32
+	// (sendLimit). It fills the hole before cwndCutAt: a field that moves
+	// the record's hot fields costs the frame path several per cent
+	// (BenchmarkEngineCost).
+	rwnd      uint8
+	cwndCutAt int64 // when cwnd last shrank
 	// recovery: after a timeout, every frame in flight then (below
 	// recoverEnd) is presumed lost and resent from the oldest, as acks
 	// make room in cwnd, rather than all at once; rexmitNext is the next
@@ -75,6 +73,7 @@ type peer struct {
 	// its Wait waits for, after Wait has returned: at its next round.
 	// Whatever reads the window first calls settle.
 	ackIn     uint32
+	census    uint32 // the engine's census that last counted the peer as a sender (engine.noteSender; in the hole before ackInAt)
 	ackInAt   int64
 	ackQueued bool
 

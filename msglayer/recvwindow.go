@@ -23,10 +23,10 @@ import "time"
 // minRecvWindow: more peers than the budget holds at that share are allowed
 // over it, and their losses are recovered as before.
 //
-// The peers counted are those that sent a reliable frame (or connected)
+// The peers counted are those heard from (any frame, a connect included)
 // within the last activeSpan: a census every censusPeriod counts them
-// afresh, and a peer heard from meanwhile that the last census did not
-// count is added at once. A crowd arriving thus shrinks the share at its
+// afresh, and a peer that sends a reliable frame or connects meanwhile,
+// which the last census did not count, is added at once. A crowd arriving thus shrinks the share at its
 // first frames; one leaving widens it activeSpan later.
 
 // minRecvWindow is the smallest receive window said: twice the delayed
@@ -34,7 +34,8 @@ import "time"
 // still has acks coming.
 const minRecvWindow = 8
 
-// activeSpan is how lately a peer must have sent to count as a sender:
+// activeSpan is how lately a peer must have been heard from to count as a
+// sender:
 // longer than the round trips of a loaded server (tens of milliseconds),
 // over which a sender with data is heard from at least once.
 const activeSpan = int64(100 * time.Millisecond)
@@ -83,18 +84,15 @@ func (s *recvState) setDivisor(n int) {
 	}
 }
 
-// noteSender records that p sent a reliable frame (or connected) at now,
-// and counts it if the last census did not: the window shrinks at once
-// when there are more senders than it was computed for.
+// noteSender counts p, which sent a reliable frame or connected, if the
+// last census did not: the window shrinks at once when there are more
+// senders than it was computed for. (The census finds it by
+// p.lastHeard, which the caller has set.)
 //
 // +checklocks:g.mu
-func (g *engine) noteSender(p *peer, now int64) {
+func (g *engine) noteSender(p *peer) {
 	s := &g.recv
-	if s.budget == 0 {
-		return
-	}
-	p.sentAt = now
-	if p.census == s.census {
+	if p.census == s.census || s.budget == 0 {
 		return
 	}
 	p.census = s.census
@@ -118,7 +116,7 @@ func (g *engine) takeCensus(now int64) {
 	s.senders = 0
 	for _, e := range g.epList {
 		for _, p := range e.peers {
-			if p.sentAt != 0 && now-p.sentAt <= activeSpan {
+			if p.lastHeard != 0 && now-p.lastHeard <= activeSpan {
 				p.census = s.census
 				s.senders++
 			}

@@ -42,7 +42,7 @@ func (e *Endpoint) handleOne(f []byte, h *header, now int64) {
 	p.lastHeard = now
 	p.rwnd = h.window
 	if h.typ.reliable() {
-		e.eng.noteSender(p, now)
+		e.eng.noteSender(p)
 	}
 	switch {
 	case h.typ.reliable() || h.typ == tPullReply || h.typ == tPullReq:
@@ -203,7 +203,7 @@ func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int
 	p.lastHeard = now
 	// A peer that connects is about to send: its share is counted, and
 	// said in the reply, before its first frames come.
-	e.eng.noteSender(p, now)
+	e.eng.noteSender(p)
 	e.sendConnReply(src, x, p.localID, p.localGen, connID, Success)
 }
 
