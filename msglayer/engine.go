@@ -175,9 +175,16 @@ type engine struct {
 	// may be read).
 	// +checklocks:mu
 	dispatching bool
-	// nextTimer is when the earliest timer of any endpoint is due, or
-	// earlier (0: none): Endpoint.armAt lowers it, runTimers recomputes
-	// it. A driver looks at it instead of at every endpoint, which an
+	// recvWindow is the receive window said in every frame (0: no limit),
+	// census the number of the last census of senders (recvwindow.go):
+	// what the frame path reads of recv, in the hole before nextTimer.
+	// +checklocks:mu
+	recvWindow uint8
+	// +checklocks:mu
+	census uint32
+	// nextTimer is when the earliest timer of any endpoint (or the next
+	// census of senders) is due, or earlier (0: none): Endpoint.armAt
+	// lowers it, runTimers recomputes it. A driver looks at it instead of at every endpoint, which an
 	// engine with dozens of endpoints would do per batch of frames.
 	// +checklocks:mu
 	nextTimer int64
@@ -229,8 +236,9 @@ type engine struct {
 	txb       txBuilder // owned by the flusher
 	txScratch [][]byte  // owned by the flusher
 
-	// recv: the receive window said to peers (recvwindow.go). At the end:
-	// fields that move the hot ones cost the frame path several per cent.
+	// recv: the receive window's bookkeeping (recvwindow.go), at the end:
+	// a field that moves the hot ones costs the frame path several per
+	// cent (BenchmarkEngineCost).
 	// +checklocks:mu
 	recv recvState
 }
@@ -383,7 +391,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	if rb, ok := base.(xdp.RxBudget); ok {
 		rxFrames = rb.RxFrames()
 	}
-	g.recv.initRecvWindow(cfg.RecvBudget, rxFrames)
+	g.initRecvWindow(cfg.RecvBudget, rxFrames)
 	// A given link lends what it has; one we open, what we asked for.
 	g.lendsBuffers = g.gather != nil && (cfg.Link != nil || cfg.UMEMBufferBytes > 0)
 	g.vis.g = g
@@ -937,14 +945,13 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 // +checklocks:g.mu
 func (g *engine) runTimers(now int64) {
 	g.stampSent(now)
-	g.takeCensus(now)
 	if g.nextTimer == 0 || now < g.nextTimer {
 		return
 	}
 	// A timer may arm another endpoint's, one the loop has passed: armAt
 	// lowers g.nextTimer from zero meanwhile.
 	g.nextTimer = 0
-	next := int64(0)
+	next := g.takeCensus(now)
 	for _, e := range g.epList {
 		if e.nextTimer != 0 && now >= e.nextTimer {
 			e.runTimers(now)

@@ -576,7 +576,7 @@ func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint8, payloa
 	h.typ, h.dstEP, h.srcEP = t, p.addr.EP, p.ep.id
 	h.dstSession, h.srcSession = p.remoteID, p.localID
 	h.seq, h.ack, h.flags, h.payloadLen = seq, p.expected, flags, payload
-	h.window = p.ep.eng.recv.recvWindow
+	h.window = p.ep.eng.recvWindow
 }
 
 // atSend, given to sendReliable (through frameMessage) as the time, stamps

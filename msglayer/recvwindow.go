@@ -43,86 +43,107 @@ const activeSpan = int64(100 * time.Millisecond)
 // censusPeriod is how often the senders are counted afresh.
 const censusPeriod = int64(10 * time.Millisecond)
 
-// recvState is an engine's receive-window bookkeeping. Guarded by the
+// recvState is an engine's receive-window bookkeeping, but for what the
+// frame path reads (engine.recvWindow, engine.census). Guarded by the
 // engine lock.
 type recvState struct {
 	// budget: frames in flight from all peers together (0: no window is
 	// said).
 	budget int
-	// recvWindow is the window said in every frame (0: no limit).
-	recvWindow uint8
-	census     uint32 // the last census's number (from 1)
-	nextCensus int64  // when the next one is due (the engine clock)
-	senders    int    // peers that census counted, and those heard since
-	divisor    int    // peers the window was computed for
+	// nextCensus is when the next census is due (0: none is: no sender
+	// was counted since the last found none); it is among the timers
+	// (engine.nextTimer).
+	nextCensus int64
+	senders    int // peers the last census counted, and those counted since
+	divisor    int // peers the window was computed for
 }
 
 // initRecvWindow sets up the budget: given frames if given (-1: none),
 // else three quarters of what the link holds (frames), if it says (0:
 // it does not).
-func (s *recvState) initRecvWindow(given, frames int) {
+//
+// +checklocksignore: the engine is being built.
+func (g *engine) initRecvWindow(given, frames int) {
+	s := &g.recv
 	switch {
 	case given > 0:
 		s.budget = given
 	case given == 0:
 		s.budget = frames * 3 / 4
 	}
-	s.census = 1
-	s.setDivisor(1)
+	g.census = 1
+	g.setDivisor(1)
 }
 
 // setDivisor computes the window for n peers sending at once.
-func (s *recvState) setDivisor(n int) {
+//
+// +checklocks:g.mu
+func (g *engine) setDivisor(n int) {
+	s := &g.recv
 	n = max(n, 1)
 	s.divisor = n
 	share := s.budget / n
 	switch {
 	case s.budget == 0 || share >= 256:
-		s.recvWindow = 0
+		g.recvWindow = 0
 	default:
-		s.recvWindow = uint8(max(share, minRecvWindow))
+		g.recvWindow = uint8(max(share, minRecvWindow))
 	}
 }
 
-// noteSender counts p, which sent a reliable frame or connected, if the
-// last census did not: the window shrinks at once when there are more
-// senders than it was computed for. (The census finds it by
-// p.lastHeard, which the caller has set.)
+// noteSender counts p, which sent a reliable frame or connected at now,
+// if the last census did not: the window shrinks at once when there are
+// more senders than it was computed for. The census finds it by
+// p.lastHeard, which the caller has set.
 //
 // +checklocks:g.mu
-func (g *engine) noteSender(p *peer) {
-	s := &g.recv
-	if p.census == s.census || s.budget == 0 {
+func (g *engine) noteSender(p *peer, now int64) {
+	if p.census == g.census {
 		return
 	}
-	p.census = s.census
+	s := &g.recv
+	if s.budget == 0 {
+		return
+	}
+	p.census = g.census
 	if s.senders++; s.senders > s.divisor {
-		s.setDivisor(s.senders)
+		g.setDivisor(s.senders)
+	}
+	if s.nextCensus == 0 {
+		s.nextCensus = now + censusPeriod
+		if g.nextTimer == 0 || s.nextCensus < g.nextTimer {
+			g.nextTimer = s.nextCensus
+		}
 	}
 }
 
-// takeCensus counts the senders afresh once a census is due: the peers of
+// takeCensus counts the senders afresh if a census is due: the peers of
 // every endpoint heard from within activeSpan. The window is then
-// computed for them.
+// computed for them. It returns when the next census is due (0: none, as
+// none was counted).
 //
 // +checklocks:g.mu
-func (g *engine) takeCensus(now int64) {
+func (g *engine) takeCensus(now int64) int64 {
 	s := &g.recv
-	if now < s.nextCensus || s.budget == 0 {
-		return
+	if s.nextCensus == 0 || now < s.nextCensus {
+		return s.nextCensus
 	}
-	s.census++
-	s.nextCensus = now + censusPeriod
+	g.census++
 	s.senders = 0
 	for _, e := range g.epList {
 		for _, p := range e.peers {
 			if p.lastHeard != 0 && now-p.lastHeard <= activeSpan {
-				p.census = s.census
+				p.census = g.census
 				s.senders++
 			}
 		}
 	}
-	s.setDivisor(s.senders)
+	g.setDivisor(s.senders)
+	s.nextCensus = 0
+	if s.senders > 0 {
+		s.nextCensus = now + censusPeriod
+	}
+	return s.nextCensus
 }
 
 // sendLimit is how many reliable frames may be in flight to p: its

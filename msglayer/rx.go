@@ -42,7 +42,7 @@ func (e *Endpoint) handleOne(f []byte, h *header, now int64) {
 	p.lastHeard = now
 	p.rwnd = h.window
 	if h.typ.reliable() {
-		e.eng.noteSender(p)
+		e.eng.noteSender(p, now)
 	}
 	switch {
 	case h.typ.reliable() || h.typ == tPullReply || h.typ == tPullReq:
@@ -203,7 +203,7 @@ func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int
 	p.lastHeard = now
 	// A peer that connects is about to send: its share is counted, and
 	// said in the reply, before its first frames come.
-	e.eng.noteSender(p)
+	e.eng.noteSender(p, now)
 	e.sendConnReply(src, x, p.localID, p.localGen, connID, Success)
 }
 
@@ -214,7 +214,7 @@ func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int
 func (e *Endpoint) sendConnReply(src Addr, dst, id, gen, connID uint32, code Code) {
 	g := e.eng
 	b := g.scratchBuf()
-	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: dst, srcSession: id, seq: gen, window: g.recv.recvWindow}
+	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: dst, srcSession: id, seq: gen, window: g.recvWindow}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
 	e.sendFrame(b[:frameLen(tConnectReply, 0)])
