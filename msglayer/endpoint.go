@@ -87,10 +87,10 @@ type Config struct {
 
 	// RecvBudget is how many reliable frames in flight from all peers
 	// together the link should have to hold: the engine shares it among
-	// the peers that sent to it lately and tells each its share (its
-	// receive window, at least 8 frames; none said at 256 or more) in
-	// every frame it sends them, so that many senders together do not
-	// overrun the link's receive ring. 0: three quarters of the frames
+	// the peers heard from lately and tells each its share (its receive
+	// window, at least 8 frames or twice AckEvery; none said at 256 or
+	// more) in every frame it sends them, so that many senders together
+	// do not overrun the link's receive ring. 0: three quarters of the frames
 	// the link holds (on AF_XDP, 1536 of the 2048 receive frames); -1:
 	// no window is said. Like UMEMBufferBytes, the first endpoint of a
 	// process on an interface decides for all.

@@ -30,8 +30,8 @@ import "time"
 // first frames; one leaving widens it activeSpan later.
 
 // minRecvWindow is the smallest receive window said: twice the delayed
-// acks' default count (Config.AckEvery), so that a sender at its window
-// still has acks coming.
+// acks' default count (Config.AckEvery; a larger count raises it), so
+// that a sender at its window still has acks coming.
 const minRecvWindow = 8
 
 // activeSpan is how lately a peer must have been heard from to count as a
@@ -87,7 +87,13 @@ func (g *engine) setDivisor(n int) {
 	case s.budget == 0 || share >= 256:
 		g.recvWindow = 0
 	default:
-		g.recvWindow = uint8(max(share, minRecvWindow))
+		// Never below twice the delayed acks' count of any endpoint:
+		// a sender at its window still has acks coming.
+		least := minRecvWindow
+		for _, e := range g.epList {
+			least = max(least, 2*e.cfg.AckEvery)
+		}
+		g.recvWindow = uint8(min(max(share, least), 255))
 	}
 }
 
