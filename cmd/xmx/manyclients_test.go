@@ -37,6 +37,7 @@ func TestManyClientsFlagErrors(t *testing.T) {
 		{[]string{"-role", "clients", "-peer", "h1", "-recvs", "8"}, "-recvs is a server flag"},
 		{[]string{"-role", "server", "-peer", "h1"}, "-peer is a clients flag"},
 		{[]string{"-role", "server", "-recvs", "0"}, "-recvs 0"},
+		{[]string{"-role", "server", "-recv-budget", "-2"}, "-recv-budget -2"},
 		{[]string{"-role", "server", "-e", "300"}, "-e 300"},
 		{[]string{"-role", "server", "extra"}, "unexpected arguments"},
 		{[]string{"-role", "server", "-umem"}, "-umem is a clients flag"},
@@ -121,7 +122,7 @@ func TestManyClientsEndpointConfig(t *testing.T) {
 		{[]string{"-spin", "500us"}, 500 * time.Microsecond, false},
 		{[]string{"-busy"}, 0, true},
 	} {
-		args := append([]string{"-role", "server", "-i", "eth9", "-min-rto", "2ms", "-pull-blocks", "4"}, c.args...)
+		args := append([]string{"-role", "server", "-i", "eth9", "-min-rto", "2ms", "-pull-blocks", "4", "-recv-budget", "-1"}, c.args...)
 		mc, err := parseManyClients(args, io.Discard)
 		if err != nil {
 			t.Fatalf("%q: %v", args, err)
@@ -130,8 +131,8 @@ func TestManyClientsEndpointConfig(t *testing.T) {
 		if cfg.SpinBeforeSleep != c.spin || cfg.BusyPoll != c.busy {
 			t.Errorf("%q: SpinBeforeSleep %v, BusyPoll %v; want %v, %v", c.args, cfg.SpinBeforeSleep, cfg.BusyPoll, c.spin, c.busy)
 		}
-		if cfg.Interface != "eth9" || cfg.EndpointID != 7 || cfg.MinRTO != 2*time.Millisecond || cfg.PullBlocks != 4 {
-			t.Errorf("%q: interface %q, endpoint %d, min RTO %v, pull blocks %d", c.args, cfg.Interface, cfg.EndpointID, cfg.MinRTO, cfg.PullBlocks)
+		if cfg.Interface != "eth9" || cfg.EndpointID != 7 || cfg.MinRTO != 2*time.Millisecond || cfg.PullBlocks != 4 || cfg.RecvBudget != -1 {
+			t.Errorf("%q: interface %q, endpoint %d, min RTO %v, pull blocks %d, receive budget %d", c.args, cfg.Interface, cfg.EndpointID, cfg.MinRTO, cfg.PullBlocks, cfg.RecvBudget)
 		}
 	}
 }
