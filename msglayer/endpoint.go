@@ -90,9 +90,9 @@ type Config struct {
 	// the peers heard from lately and tells each its share (its receive
 	// window, at least 8 frames or twice AckEvery; none said at 256 or
 	// more) in every frame it sends them, so that many senders together
-	// do not overrun the link's receive ring. 0: three quarters of the frames
-	// the link holds (on AF_XDP, 1536 of the 2048 receive frames); -1:
-	// no window is said. Like UMEMBufferBytes, the first endpoint of a
+	// do not overrun the link's receive ring. 0: three quarters of the
+	// frames the link holds (on AF_XDP, 1536 of the 2048 receive frames);
+	// -1: no window is said. Like UMEMBufferBytes, the first endpoint of a
 	// process on an interface decides for all.
 	RecvBudget int
 

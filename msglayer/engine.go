@@ -184,8 +184,9 @@ type engine struct {
 	census uint32
 	// nextTimer is when the earliest timer of any endpoint (or the next
 	// census of senders) is due, or earlier (0: none): Endpoint.armAt
-	// lowers it, runTimers recomputes it. A driver looks at it instead of at every endpoint, which an
-	// engine with dozens of endpoints would do per batch of frames.
+	// lowers it, runTimers recomputes it. A driver looks at it instead of
+	// at every endpoint, which an engine with dozens of endpoints would do
+	// per batch of frames.
 	// +checklocks:mu
 	nextTimer int64
 	// acksDue: some endpoint holds delayed acks (Endpoint.acksDue).

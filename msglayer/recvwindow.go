@@ -14,8 +14,8 @@ import "time"
 // retransmissions, many of them of frames that were only queued.
 //
 // So the engine shares a budget of frames in flight toward it
-// (Config.RecvBudget) among the peers that sent it reliable frames lately
-// (activeSpan), and says each peer's share, its receive window, in every
+// (Config.RecvBudget) among the peers heard from lately (activeSpan), and
+// says each peer's share, its receive window, in every
 // frame it sends (the common header's window byte). A sender keeps no more
 // reliable frames in flight to a peer than the last window the peer said
 // (peer.sendLimit). A share of 256 frames or more is said as 0, no limit,
@@ -26,8 +26,11 @@ import "time"
 // The peers counted are those heard from (any frame, a connect included)
 // within the last activeSpan: a census every censusPeriod counts them
 // afresh, and a peer that sends a reliable frame or connects meanwhile,
-// which the last census did not count, is added at once. A crowd arriving thus shrinks the share at its
-// first frames; one leaving widens it activeSpan later.
+// which the last census did not count, is added at once. A crowd
+// arriving thus shrinks the share at its first frames; one leaving
+// widens it activeSpan later. Senders know only the last window said to
+// them: a crowd's first burst, before any frame came back, goes by the
+// windows of the connect replies, larger for the first to connect.
 
 // minRecvWindow is the smallest receive window said: twice the delayed
 // acks' default count (Config.AckEvery; a larger count raises it), so
@@ -35,9 +38,9 @@ import "time"
 const minRecvWindow = 8
 
 // activeSpan is how lately a peer must have been heard from to count as a
-// sender:
-// longer than the round trips of a loaded server (tens of milliseconds),
-// over which a sender with data is heard from at least once.
+// sender: longer than the round trips of a loaded server (tens of
+// milliseconds), over which a sender with data is heard from at least
+// once.
 const activeSpan = int64(100 * time.Millisecond)
 
 // censusPeriod is how often the senders are counted afresh.
