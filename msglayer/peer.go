@@ -45,7 +45,11 @@ type peer struct {
 	// (sendLimit). It fills the hole before cwndCutAt: a field that moves
 	// the record's hot fields costs the frame path several per cent
 	// (BenchmarkEngineCost).
-	rwnd      uint8
+	rwnd uint8
+	// saidWin is the receive window we said in our last frame to the peer
+	// (0: no limit): a window that comes down to half of it or less is
+	// said to the peer at once (engine.sayShrunk). In the same hole.
+	saidWin   uint8
 	cwndCutAt int64 // when cwnd last shrank
 	// recovery: after a timeout, every frame in flight then (below
 	// recoverEnd) is presumed lost and resent from the oldest, as acks
@@ -577,6 +581,7 @@ func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint8, payloa
 	h.dstSession, h.srcSession = p.remoteID, p.localID
 	h.seq, h.ack, h.flags, h.payloadLen = seq, p.expected, flags, payload
 	h.window = p.ep.eng.recvWindow
+	p.saidWin = h.window
 }
 
 // atSend, given to sendReliable (through frameMessage) as the time, stamps
@@ -757,6 +762,7 @@ func (p *peer) bundleAcks(b []byte, room int, prune bool) int {
 			a := ackEntry{dstEP: q.addr.EP, dstSession: q.remoteID, srcSession: q.localID, ack: q.expected}
 			a.put(b[n*ackEntryLen:])
 			q.ackSent()
+			q.saidWin = e.eng.recvWindow // the bundle's window is q's too (engine.ackEntries)
 			e.stats.AcksOut++
 			e.stats.AcksBundled++
 			n++

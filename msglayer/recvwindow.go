@@ -28,9 +28,16 @@ import "time"
 // afresh, and a peer that sends a reliable frame or connects meanwhile,
 // which the last census did not count, is added at once. A crowd
 // arriving thus shrinks the share at its first frames; one leaving
-// widens it activeSpan later. Senders know only the last window said to
-// them: a crowd's first burst, before any frame came back, goes by the
-// windows of the connect replies, larger for the first to connect.
+// widens it activeSpan later.
+//
+// A sender knows only the last window said to it, and one that sends
+// steadily hears it in every ack. But the first to connect of a crowd
+// were said large windows (shares of few), and each of them may send a
+// whole burst by it before a frame of ours comes back. So when the window
+// comes down to half or less of what a counted sender was last said, that
+// sender is told at once, in an explicit ack (sayShrunk): a burst goes by
+// at most twice the share. A crowd of n arriving one by one costs about
+// 2n such acks, as the share halves a few times.
 
 // minRecvWindow is the smallest receive window said: twice the delayed
 // acks' default count (Config.AckEvery; a larger count raises it), so
@@ -86,6 +93,7 @@ func (g *engine) setDivisor(n int) {
 	n = max(n, 1)
 	s.divisor = n
 	share := s.budget / n
+	old := g.recvWindow
 	switch {
 	case s.budget == 0 || share >= 256:
 		g.recvWindow = 0
@@ -97,6 +105,31 @@ func (g *engine) setDivisor(n int) {
 			least = max(least, 2*e.cfg.AckEvery)
 		}
 		g.recvWindow = uint8(min(max(share, least), 255))
+	}
+	if w := g.recvWindow; w != 0 && (old == 0 || w < old) {
+		g.sayShrunk(w)
+	}
+}
+
+// sayShrunk sends the window w, smaller than the last one, in an explicit
+// ack to each peer counted as a sender that was last said a window of at
+// least twice w (or no limit).
+//
+// +checklocks:g.mu
+func (g *engine) sayShrunk(w uint8) {
+	for _, e := range g.epList {
+		if e.closed {
+			continue
+		}
+		for _, p := range e.peers {
+			said := int(p.saidWin)
+			if said == 0 {
+				said = 256 // no limit
+			}
+			if p.census == g.census && p.connected && !p.dead && p.local == nil && said >= 2*int(w) {
+				p.sendAck()
+			}
+		}
 	}
 }
 

@@ -129,3 +129,61 @@ func burstAll(t *testing.T, ctx context.Context, tx []*msglayer.Endpoint, rx *ms
 		}
 	}
 }
+
+// TestRecvWindowShrinkSaid: six senders connect to a receiver with a
+// budget of 48 frames, one after the other, and send nothing. Each
+// connect reply says the share at the time (48, 24, 16, 12, 9, 8): the
+// first to connect were said large windows. As the share halves, the
+// receiver tells them at once in an explicit ack, so that each ends up
+// with a window at most twice the last share (16), the first one's
+// included, which no other frame from the receiver could have told.
+func TestRecvWindowShrinkSaid(t *testing.T) {
+	const senders = 6
+	ctx := ctxFor(t, 30*time.Second)
+	hub := xdp.NewHub(xdp.MemConfig{})
+	rl := hub.Attach()
+	t.Cleanup(func() { rl.Close() })
+	rx := openEP(t, msglayer.Config{Link: rl, EndpointID: 1, Key: 1, RecvBudget: 48})
+	// The connects must come within the span over which a sender counts
+	// (100 ms): a slow run (-race on a loaded machine) tries again with
+	// new senders, once the first ones have stopped counting.
+	var tx []*msglayer.Endpoint
+	for attempt := 1; ; attempt++ {
+		tx = tx[:0]
+		start := time.Now()
+		for i := range senders {
+			l := hub.Attach()
+			t.Cleanup(func() { l.Close() })
+			e := openEP(t, msglayer.Config{Link: l, EndpointID: uint8(2 + i), Key: 2})
+			if err := e.Connect(ctx, rx.Addr(), 1); err != nil {
+				t.Fatal(err)
+			}
+			tx = append(tx, e)
+		}
+		if time.Since(start) < 60*time.Millisecond {
+			break
+		}
+		if attempt == 5 {
+			t.Fatalf("6 connects took %v, 5 times: too slow to count as one crowd", time.Since(start))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var wins []int
+		ok := true
+		for _, e := range tx {
+			w := e.Peers()[0].RecvWin
+			wins = append(wins, w)
+			ok = ok && w > 0 && w <= 16
+		}
+		if ok {
+			t.Logf("windows the senders have: %v", wins)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("windows the senders have: %v; want each in 1..16", wins)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

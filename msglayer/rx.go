@@ -204,6 +204,7 @@ func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int
 	// A peer that connects is about to send: its share is counted, and
 	// said in the reply, before its first frames come.
 	e.eng.noteSender(p, now)
+	p.saidWin = e.eng.recvWindow
 	e.sendConnReply(src, x, p.localID, p.localGen, connID, Success)
 }
 
