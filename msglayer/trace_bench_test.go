@@ -166,6 +166,14 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 // busy-poll mode over lean links (BenchmarkPingPongLean): the engine's
 // own steps, without the kernel's noise between them.
 func BenchmarkTraceLean(b *testing.B) {
-	a, c := leanWorld().pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
-	tracePingPong(b, a, c)
+	for _, v := range []struct {
+		name string
+		pair func() (a, b *leanLink)
+	}{{"warm", newLeanPair}, {"syscall", newKickingPair}} {
+		b.Run(v.name, func(b *testing.B) {
+			xdp.ResetTraceSides()
+			a, c := leanWorldOn(v.pair()).pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
+			tracePingPong(b, a, c)
+		})
+	}
 }
