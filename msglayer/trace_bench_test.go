@@ -164,7 +164,9 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 
 // BenchmarkTraceLean is BenchmarkTraceAFXDP's msglayer ping-pong in
 // busy-poll mode over lean links (BenchmarkPingPongLean): the engine's
-// own steps, without the kernel's noise between them.
+// own steps, without the kernel's noise between them; warm, then over
+// links that make a system call per frame (newKickingPair), where the
+// steps after each call show what it left cold.
 func BenchmarkTraceLean(b *testing.B) {
 	for _, v := range []struct {
 		name string
