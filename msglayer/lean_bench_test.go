@@ -61,6 +61,12 @@ func newKickingPair() (a, b *leanLink) {
 	return a, b
 }
 
+// leanPairs are the lean benchmarks' two kinds of link pair.
+var leanPairs = []struct {
+	name string
+	pair func() (a, b *leanLink)
+}{{"warm", newLeanPair}, {"syscall", newKickingPair}}
+
 func (l *leanLink) Send(frames [][]byte) (int, error) {
 	l.sendMu.Lock()
 	defer l.sendMu.Unlock()
@@ -204,16 +210,14 @@ func leanFloor(b *testing.B, la, lb *leanLink, n int) []time.Duration {
 // BenchmarkPingPongLean measures the engine's own cost per message: 8-byte
 // ping-pong in busy-poll mode over a pair of links that cost nothing but a
 // cache line moving between CPUs, next to those links' own ping-pong. The
-// syscall variants' links make a system call after each frame they send
-// (newKickingPair), as a real link does: msglayer's overhead there
-// includes what the call leaves cold, without a real link's noise.
+// syscall variant's links make a system call for each frame they send,
+// before it is visible (newKickingPair), as a real link does: msglayer's
+// overhead there includes what the call leaves cold, without a real
+// link's noise.
 func BenchmarkPingPongLean(b *testing.B) {
-	for _, v := range []struct {
-		prefix string
-		pair   func() (a, b *leanLink)
-	}{{"", newLeanPair}, {"syscall/", newKickingPair}} {
+	for _, v := range leanPairs {
 		var floor time.Duration
-		b.Run(v.prefix+"link-floor", func(b *testing.B) {
+		b.Run(v.name+"/link-floor", func(b *testing.B) {
 			la, lb := v.pair()
 			leanFloor(b, la, lb, 1000)
 			b.ResetTimer()
@@ -221,7 +225,7 @@ func BenchmarkPingPongLean(b *testing.B) {
 			b.StopTimer()
 			floor = reportRTT(b, rtts, 0)
 		})
-		b.Run(v.prefix+"msglayer", func(b *testing.B) {
+		b.Run(v.name+"/msglayer", func(b *testing.B) {
 			a, c := leanWorldOn(v.pair()).pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
 			p50 := reportRTT(b, measurePingPong(b, a, c), floor)
 			b.ReportMetric(float64(p50-floor)/2e3, "overhead-µs")

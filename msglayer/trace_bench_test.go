@@ -168,10 +168,7 @@ func printTrace(b *testing.B, events []xdp.TraceEvent, nsPerTick float64) {
 // links that make a system call per frame (newKickingPair), where the
 // steps after each call show what it left cold.
 func BenchmarkTraceLean(b *testing.B) {
-	for _, v := range []struct {
-		name string
-		pair func() (a, b *leanLink)
-	}{{"warm", newLeanPair}, {"syscall", newKickingPair}} {
+	for _, v := range leanPairs {
 		b.Run(v.name, func(b *testing.B) {
 			xdp.ResetTraceSides()
 			a, c := leanWorldOn(v.pair()).pair(b, msglayer.Config{BusyPoll: true}, msglayer.Config{BusyPoll: true})
