@@ -242,9 +242,10 @@ func BenchmarkPingPongLean(b *testing.B) {
 // many-clients experiment looks like. Their cost per message should be
 // nil.
 //
-// The syscall variant makes a system call before each round trip, as a
-// real exchange does (each end's send is one), and times the round trips
-// alone, next to as many timed the same way without it (×warm). Where the
+// The syscall variant makes a system call before each round trip of
+// every other block of 1000, as a real exchange does (each end's send is
+// one), and times the round trips alone, next to the blocks without it
+// (×warm). Where the
 // kernel's entry and exit leave the CPU's predictors and caches cold (on
 // a PVM guest one getppid takes a microsecond, and an interface call
 // after it about 5 ns more than before it), the code after the call runs
