@@ -95,7 +95,7 @@ func (e *Endpoint) sendConnect(r *request, now int64) {
 	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: p.localID, dstSession: p.remoteID, seq: p.localGen}
 	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
-	e.sendFrame(b[:frameLen(tConnect, 0)])
+	e.sendFrame(padded(b, tConnect, 0))
 	r.connNext = now + int64(e.cfg.ConnectRetry)
 	e.armAt(r.connNext)
 }
@@ -198,7 +198,7 @@ func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, er
 		h := header{typ: tHostQuery, srcEP: e.id, dstEP: 0xff, payloadLen: len(name)}
 		p := putHeader(b, &broadcastMAC, &g.mac, g.ethType, &h)
 		copy(p, name)
-		e.sendFrame(b[:frameLen(tHostQuery, len(name))])
+		e.sendFrame(padded(b, tHostQuery, len(name)))
 		g.flushAndUnlock()
 		// One query per 100 ms: a wait that ends sooner (the engine
 		// closed) ends the loop above.

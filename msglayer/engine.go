@@ -56,6 +56,7 @@ type engine struct {
 	yield     func()        // gives up the CPU to runnable threads: xdp.YieldCPU
 	resched   func()        // passes through Go's scheduler: runtime.Gosched
 	randN     func(int) int // the random draws of feedStarved: rand.IntN (tests: their own)
+	randKey   func() uint64 // the keys of registered windows: rand.Uint64 (tests: their own); called under mu
 	clock     Clock
 	spinCfg   time.Duration // Config.SpinBeforeSleep as given
 	// The fields below keep the offsets they had before spinCfg came:
@@ -322,7 +323,7 @@ func (b *txBuilder) Tail(i int, buf []byte) (int, []byte) {
 func (b *txBuilder) build(e *txEntry, buf []byte) int {
 	h := b.header(e, buf)
 	copyFromSegs(buf[h:h+int(e.n)], e.r.segs, int(e.off))
-	return frameLen(tPullReply, int(e.n))
+	return len(padded(buf, tPullReply, int(e.n)))
 }
 
 // header writes pull reply e's headers into buf and returns their length.
@@ -368,6 +369,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	g.yield = xdp.YieldCPU
 	g.resched = runtime.Gosched
 	g.randN = rand.IntN
+	g.randKey = rand.Uint64
 	g.maxPullFrames = pullBudget(g.mtu)
 	// A given link's optional interfaces are those of the link itself,
 	// not of the wrapper that keeps the engine from closing it.
@@ -1094,12 +1096,12 @@ func (g *engine) nackNoEndpoint(f []byte, h *header) {
 		th0, _ := typeHdr(f, h)
 		_, connID, _ := getConnect(th0)
 		putConnReply(th, connID, BadEndpoint, g.mtu)
-		g.queue(b[:frameLen(tConnectReply, 0)], nil)
+		g.queue(padded(b, tConnectReply, 0), nil)
 		return
 	}
 	th := putHeader(b, (*[6]byte)(f[6:12]), &g.mac, g.ethType, &out)
 	putNack(th, h.seq, nackBadEndpoint, h.dstSession)
-	g.queue(b[:frameLen(tNack, 0)], nil)
+	g.queue(padded(b, tNack, 0), nil)
 }
 
 // hostQuery is a host name being resolved: the answer, and how many
@@ -1123,7 +1125,7 @@ func (g *engine) onHost(f []byte, h *header) {
 		out := header{typ: tHostReply, dstEP: h.srcEP, payloadLen: len(name)}
 		p := putHeader(b, (*[6]byte)(f[6:12]), &g.mac, g.ethType, &out)
 		copy(p, name)
-		g.queue(b[:frameLen(tHostReply, len(name))], nil)
+		g.queue(padded(b, tHostReply, len(name)), nil)
 	case tHostReply:
 		if q := g.hostReplies[string(name)]; q != nil {
 			copy(q.mac[:], f[6:12])

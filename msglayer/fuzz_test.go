@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
@@ -341,6 +342,7 @@ type recLink struct {
 	n      int          // frames sent so far
 	drop   map[int]bool // numbers of frames to drop
 	order  *atomic.Int64
+	dirty  int // frames sent whose padding was not all zeros
 }
 
 // recFrame is a frame recorded with its position in the capture.
@@ -361,6 +363,13 @@ func (l *recLink) lose(skip int) {
 
 func (l *recLink) Send(frames [][]byte) (int, error) {
 	l.mu.Lock()
+	for _, f := range frames {
+		if h, err := decodeHeader(f); err == nil {
+			if end := hdrLen + typeHdrLen[h.typ] + h.payloadLen; slices.ContainsFunc(f[end:], func(b byte) bool { return b != 0 }) {
+				l.dirty++
+			}
+		}
+	}
 	out := frames
 	if l.record || len(l.drop) > 0 {
 		out = make([][]byte, 0, len(frames))
@@ -505,6 +514,9 @@ func newFuzzPair(t testing.TB, cfgSel byte, record bool) *fuzzPair {
 		l.Wake()
 		g.mu.Lock()
 		e.session, e.nextID, e.nextConnID = sess, nextID, nextID
+		// The random draws are the same in every run of a script.
+		rng := rand.New(rand.NewPCG(uint64(id), uint64(key)))
+		g.randN, g.randKey = rng.IntN, rng.Uint64
 		g.mu.Unlock()
 		return e
 	}
@@ -1387,6 +1399,11 @@ func (fp *fuzzPair) check() {
 	fp.exchange(fp.a, fp.b, 1)
 	fp.exchange(fp.b, fp.a, 2)
 	fp.invariants("the final exchange")
+	for _, l := range []*recLink{fp.la, fp.lb} {
+		if l.dirty > 0 {
+			t.Fatalf("%d frames sent padded with what their buffer held before, not zeros", l.dirty)
+		}
+	}
 
 	fp.a.Close()
 	fp.b.Close()

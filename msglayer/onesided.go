@@ -3,7 +3,6 @@ package msglayer
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 
 	"github.com/xmx-stack/xmx/regcache"
 )
@@ -89,9 +88,10 @@ func (e *Endpoint) Register(buf []byte) (Registration, error) {
 		return Registration{}, fmt.Errorf("msglayer: register %d bytes: %w", len(buf), err)
 	}
 	off, _ := r.Offset(buf)
-	w := &window{region: r, regID: r.ID(), regKey: r.Key(), off: off, n: uint64(len(buf)), key: rand.Uint64() | 1}
+	w := &window{region: r, regID: r.ID(), regKey: r.Key(), off: off, n: uint64(len(buf))}
 	g := e.eng
 	g.mu.Lock()
+	w.key = g.randKey() | 1
 	id := e.newID()
 	for e.windows[id] != nil {
 		id = e.newID()

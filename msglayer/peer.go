@@ -599,7 +599,7 @@ func (p *peer) sendReliable(s *txSlot, t frameType, flags uint8, payload int, re
 	var h header
 	p.setHeader(&h, t, p.nextSeq, flags, payload)
 	putHeader(s.buf, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
-	n := frameLen(t, payload)
+	n := len(padded(s.buf, t, payload))
 	s.n = int32(n)
 	s.seq = p.nextSeq
 	s.used = true
@@ -674,9 +674,10 @@ func (p *peer) sendCtl(t frameType, flags uint8, th func(b []byte) int) {
 	var h header
 	p.setHeader(&h, t, 0, flags, n)
 	putHeader(b, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
-	l := frameLen(t, n)
+	f := padded(b, t, n)
+	l := len(f)
 	p.ackSent()
-	e.eng.queue(b[:l], nil)
+	e.eng.queue(f, nil)
 	e.stats.FramesOut++
 	e.stats.BytesOut += uint64(l)
 }

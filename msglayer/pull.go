@@ -388,7 +388,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			ph.put(th)
 			copy(th[pullReplyHdrLen:pullReplyHdrLen+n], mem)
 			reg.Unhold()
-			g.queue(b[:frameLen(tPullReply, n)], nil)
+			g.queue(padded(b, tPullReply, n), nil)
 		}
 		e.stats.PullReplies++
 		e.stats.FramesOut++

@@ -109,7 +109,7 @@ func (e *Endpoint) nackSession(src Addr, h *header, p *peer) {
 	out := header{typ: tNack, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: id}
 	th := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putNack(th, h.seq, nackBadSession, h.dstSession)
-	e.sendFrame(b[:frameLen(tNack, 0)])
+	e.sendFrame(padded(b, tNack, 0))
 }
 
 // onSessionNack handles a nack saying the peer does not know our
@@ -218,7 +218,7 @@ func (e *Endpoint) sendConnReply(src Addr, dst, id, gen, connID uint32, code Cod
 	out := header{typ: tConnectReply, dstEP: src.EP, srcEP: e.id, dstSession: dst, srcSession: id, seq: gen, window: g.recvWindow}
 	rt := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
 	putConnReply(rt, connID, code, g.mtu)
-	e.sendFrame(b[:frameLen(tConnectReply, 0)])
+	e.sendFrame(padded(b, tConnectReply, 0))
 }
 
 // onConnectReply completes the connect the reply answers. A success pairs
@@ -788,7 +788,7 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 			rh.put(s.buf[hdrLen:])
 		}
 		putHeader(s.buf, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
-		s.n = int32(frameLen(h.typ, 0))
+		s.n = int32(len(padded(s.buf, h.typ, 0)))
 		s.last = seq == first
 	}
 	p.retransmit(&p.win[first%w], now)

@@ -214,6 +214,18 @@ func frameLen(t frameType, n int) int {
 	return max(hdrLen+typeHdrLen[t]+n, xdp.MinFrameLen)
 }
 
+// padded returns the frame of type t with n payload bytes written in b,
+// padded to the Ethernet minimum (frameLen) with zeros: b is reused, and
+// what an earlier frame left in it must not go out again.
+func padded(b []byte, t frameType, n int) []byte {
+	end := hdrLen + typeHdrLen[t] + n
+	if end >= xdp.MinFrameLen {
+		return b[:end]
+	}
+	clear(b[end:xdp.MinFrameLen])
+	return b[:xdp.MinFrameLen]
+}
+
 // typeHdr returns the type header and the payload of a decoded frame.
 func typeHdr(f []byte, h *header) (th, payload []byte) {
 	n := typeHdrLen[h.typ]
