@@ -1,8 +1,11 @@
 package msglayer
 
 import (
+	"encoding/binary"
 	"math"
 	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
 )
 
 // peer is an endpoint's state for one remote endpoint: the reliable
@@ -584,6 +587,33 @@ func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint8, payloa
 	p.saidWin = h.window
 }
 
+// putHeader writes into f the Ethernet and common headers of a frame of
+// type t to the peer, with the sequence number, flags and payload length
+// given, and returns the type header slice. It writes them from the
+// peer's fields: every frame the peer's sends and acks make is headed so,
+// and a header value built first (setHeader) would be stored and loaded
+// again on the way.
+func (p *peer) putHeader(f []byte, t frameType, seq uint32, flags uint8, payload int) []byte {
+	g := p.ep.eng
+	*(*[6]byte)(f[0:6]) = p.addr.MAC
+	*(*[6]byte)(f[6:12]) = g.mac
+	binary.BigEndian.PutUint16(f[12:14], g.ethType)
+	b := f[xdp.EthHeaderLen:hdrLen]
+	b[0] = wireVersion
+	b[1] = byte(t)
+	b[2] = p.addr.EP
+	b[3] = p.ep.id
+	binary.BigEndian.PutUint32(b[4:], p.remoteID)
+	binary.BigEndian.PutUint32(b[8:], p.localID)
+	binary.BigEndian.PutUint32(b[12:], seq)
+	binary.BigEndian.PutUint32(b[16:], p.expected)
+	b[20] = g.recvWindow
+	p.saidWin = g.recvWindow
+	b[21] = flags
+	binary.BigEndian.PutUint16(b[22:], uint16(payload))
+	return f[hdrLen:]
+}
+
 // atSend, given to sendReliable (through frameMessage) as the time, stamps
 // the frame after the link has taken it (engine.stampSent) rather than
 // now: an API call sends without reading the clock.
@@ -596,9 +626,7 @@ const atSend = math.MinInt64
 // +checklocks:p.ep.eng.mu
 func (p *peer) sendReliable(s *txSlot, t frameType, flags uint8, payload int, req *request, first, last bool, now int64) {
 	e := p.ep
-	var h header
-	p.setHeader(&h, t, p.nextSeq, flags, payload)
-	putHeader(s.buf, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
+	p.putHeader(s.buf, t, p.nextSeq, flags, payload)
 	n := len(padded(s.buf, t, payload))
 	s.n = int32(n)
 	s.seq = p.nextSeq
@@ -671,9 +699,7 @@ func (p *peer) sendCtl(t frameType, flags uint8, th func(b []byte) int) {
 	if th != nil {
 		n = th(b[hdrLen:])
 	}
-	var h header
-	p.setHeader(&h, t, 0, flags, n)
-	putHeader(b, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
+	p.putHeader(b, t, 0, flags, n)
 	f := padded(b, t, n)
 	l := len(f)
 	p.ackSent()
