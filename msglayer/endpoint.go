@@ -332,6 +332,7 @@ type anyWaiter struct {
 // Counters are an endpoint's statistics.
 type Counters struct {
 	FramesIn, FramesOut uint64 // FramesOut: first sends (host queries and connects included)
+	Predicted           uint64 // of FramesIn, those header prediction took: the next message, whole, from the peer last heard, for a posted receive
 	BytesIn, BytesOut   uint64
 	Retransmits         uint64 // frames sent again (not in FramesOut)
 	CwndCuts            uint64 // times losses shrank a peer's congestion window (a selective ack halves it, a timeout drops it to 2 frames)

@@ -46,6 +46,9 @@ type engine struct {
 	busyPoll     bool
 	// traceSide is the log of the link's trace points (xdp.Trace).
 	traceSide int
+	// noPredict sends every frame down dispatch's general path, past
+	// predictEager: tests compare the two. Set under mu.
+	noPredict bool
 	// spinFirst: in blocking mode, a wait polls this many nanoseconds
 	// before it sleeps in the kernel (0: it sleeps at once). Fixed, but
 	// with spinAuto, when the driver adapts it (nextSpin); atomic only so
@@ -972,6 +975,9 @@ func (g *engine) runTimers(now int64) {
 //
 // +checklocks:g.mu
 func (g *engine) dispatch(f []byte, now int64) {
+	if !g.noPredict && g.predictEager(f, now) {
+		return
+	}
 	if len(f) < xdp.EthHeaderLen || binary.BigEndian.Uint16(f[12:14]) != g.ethType {
 		g.badFrames++
 		return

@@ -478,8 +478,9 @@ type fuzzPair struct {
 }
 
 // newFuzzPair opens and connects A and B. cfgSel picks configuration
-// variants.
-func newFuzzPair(t testing.TB, cfgSel byte, record bool) *fuzzPair {
+// variants; record keeps the frames sent; noPredict sends every frame
+// received down the general path (engine.predictEager off).
+func newFuzzPair(t testing.TB, cfgSel byte, record, noPredict bool) *fuzzPair {
 	fp := &fuzzPair{t: t, clock: &ManualClock{}, regs: map[*Endpoint][]Registration{}}
 	fp.clock.Advance(time.Millisecond)
 	ma, mb := xdp.NewPair(xdp.MemConfig{})
@@ -514,6 +515,7 @@ func newFuzzPair(t testing.TB, cfgSel byte, record bool) *fuzzPair {
 		l.Wake()
 		g.mu.Lock()
 		e.session, e.nextID, e.nextConnID = sess, nextID, nextID
+		g.noPredict = noPredict
 		// The random draws are the same in every run of a script.
 		rng := rand.New(rand.NewPCG(uint64(id), uint64(key)))
 		g.randN, g.randKey = rng.IntN, rng.Uint64
@@ -1423,10 +1425,10 @@ func (fp *fuzzPair) check() {
 	}
 }
 
-// runScript runs data against a fresh pair.
-func runScript(t testing.TB, data []byte, record bool) *fuzzPair {
+// runScript runs data against a fresh pair (newFuzzPair).
+func runScript(t testing.TB, data []byte, record, noPredict bool) *fuzzPair {
 	r := &fuzzReader{b: data}
-	fp := newFuzzPair(t, r.u8(), record)
+	fp := newFuzzPair(t, r.u8(), record, noPredict)
 	fp.run(r)
 	fp.check()
 	return fp
@@ -1515,7 +1517,7 @@ func capture(t testing.TB) {
 			}
 			s = append(s, op, arg)
 		}
-		fp := runScript(t, s, true)
+		fp := runScript(t, s, true, false)
 		seedA, seedB = fp.la.sent, fp.lb.sent
 		seedScript2 = s
 	})
@@ -1611,7 +1613,7 @@ func FuzzEndpointFrames(f *testing.F) {
 			panic(fmt.Sprintf("FuzzEndpointFrames: input still running after 20 s:\n%s", buf[:runtime.Stack(buf, true)]))
 		})
 		defer watchdog.Stop()
-		runScript(t, data, false)
+		runScript(t, data, false, false)
 	})
 }
 

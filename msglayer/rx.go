@@ -39,22 +39,7 @@ func (e *Endpoint) handleOne(f []byte, h *header, now int64) {
 		}
 		return
 	}
-	p.lastHeard = now
-	p.rwnd = h.window
-	if h.typ.reliable() {
-		e.eng.noteSender(p, now)
-	}
-	switch {
-	case h.typ.reliable() || h.typ == tPullReply || h.typ == tPullReq:
-		// Handling these does not look at the send window: its ack
-		// waits for the end of the batch, or for after the Wait that the
-		// batch completes (engine.settleAcks).
-		if p.noteAck(h.ack, now) {
-			e.eng.ackq = append(e.eng.ackq, p)
-		}
-	default:
-		p.onAck(h.ack, now)
-	}
+	e.heard(p, h.typ, h.window, h.ack, now)
 	if h.typ.reliable() {
 		e.onReliable(p, f, h, now)
 		return
@@ -73,6 +58,29 @@ func (e *Endpoint) handleOne(f []byte, h *header, now int64) {
 		p.sendAck()
 	case tDisconnect:
 		p.reset(Aborted)
+	}
+}
+
+// heard takes what every frame of the pair from p says, a frame of type
+// t: the peer lives, its receive window, its ack.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) heard(p *peer, t frameType, window uint8, ack uint32, now int64) {
+	p.lastHeard = now
+	p.rwnd = window
+	if t.reliable() {
+		e.eng.noteSender(p, now)
+	}
+	switch {
+	case t.reliable() || t == tPullReply || t == tPullReq:
+		// Handling these does not look at the send window: its ack
+		// waits for the end of the batch, or for after the Wait that the
+		// batch completes (engine.settleAcks).
+		if p.noteAck(ack, now) {
+			e.eng.ackq = append(e.eng.ackq, p)
+		}
+	default:
+		p.onAck(ack, now)
 	}
 }
 
@@ -360,6 +368,15 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		// meanwhile (keepalives, give-up), whatever the acks do.
 		e.arm(&p.tm, now+int64(e.cfg.KeepaliveInterval))
 	}
+	e.consumed(p, records, filled, now)
+}
+
+// consumed schedules the ack of the in-order reliable frames of p just
+// consumed: records tells whether all of them are rendezvous records,
+// filled whether they closed a hole.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) consumed(p *peer, records, filled bool, now int64) {
 	p.ackPending++
 	// An ack of rendezvous records alone completes no send (the notify
 	// does): it waits longer, for a pull request to carry it or for the

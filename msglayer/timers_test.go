@@ -87,7 +87,7 @@ func TestTimerHeapModel(t *testing.T) {
 // it reads (its timeout counts from there), and a frame acknowledged
 // before any stamp gives no round-trip sample.
 func TestSendStampedByNextDriver(t *testing.T) {
-	fp := newFuzzPair(t, 0, false)
+	fp := newFuzzPair(t, 0, false, false)
 	if !fp.connect() {
 		t.Fatal("connect failed")
 	}
@@ -153,7 +153,7 @@ func TestAckAfterWait(t *testing.T) {
 }
 
 func testAckAfterWait(t *testing.T, poll time.Duration) {
-	fp := newFuzzPair(t, 0, false)
+	fp := newFuzzPair(t, 0, false, false)
 	a, b := fp.a, fp.b
 	a.eng.spinAuto = false
 	a.eng.spinFirst.Store(int64(poll))
