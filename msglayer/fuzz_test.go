@@ -513,6 +513,12 @@ func newFuzzPair(t testing.TB, cfgSel byte, record, noPredict bool) *fuzzPair {
 		// current Recv, which the wake-up ends.)
 		g.wantDrive.Add(1)
 		l.Wake()
+		// Nor may it drive the round under way: a frame it handled would
+		// be handled before the script's turn, and a script would not run
+		// the same every time.
+		for g.bgDriving.Load() {
+			time.Sleep(100 * time.Microsecond)
+		}
 		g.mu.Lock()
 		e.session, e.nextID, e.nextConnID = sess, nextID, nextID
 		g.noPredict = noPredict
