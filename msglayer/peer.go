@@ -568,31 +568,12 @@ func (p *peer) releaseOOO(s *rxSlot) {
 	}
 }
 
-// header returns the common header of a frame of type t to the peer,
-// with no sequence number, flags or payload.
-func (p *peer) header(t frameType) (h header) {
-	p.setHeader(&h, t, 0, 0, 0)
-	return h
-}
-
-// setHeader sets h to the common header of a frame of type t to the peer
-// with the sequence number, flags and payload length given. It writes
-// the fields in place: a header built apart and then copied whole costs a
-// failed store-to-load forwarding on the frame path.
-func (p *peer) setHeader(h *header, t frameType, seq uint32, flags uint8, payload int) {
-	h.typ, h.dstEP, h.srcEP = t, p.addr.EP, p.ep.id
-	h.dstSession, h.srcSession = p.remoteID, p.localID
-	h.seq, h.ack, h.flags, h.payloadLen = seq, p.expected, flags, payload
-	h.window = p.ep.eng.recvWindow
-	p.saidWin = h.window
-}
-
 // putHeader writes into f the Ethernet and common headers of a frame of
 // type t to the peer, with the sequence number, flags and payload length
 // given, and returns the type header slice. It writes them from the
-// peer's fields: every frame the peer's sends and acks make is headed so,
-// and a header value built first (setHeader) would be stored and loaded
-// again on the way.
+// peer's fields: every frame to the peer is headed so, and a header value
+// built first would be stored and loaded again on the way (and, copied
+// whole, cost a failed store-to-load forwarding).
 func (p *peer) putHeader(f []byte, t frameType, seq uint32, flags uint8, payload int) []byte {
 	g := p.ep.eng
 	*(*[6]byte)(f[0:6]) = p.addr.MAC

@@ -346,8 +346,6 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 		src = r
 	}
 	g := e.eng
-	// Every reply carries the same headers but for its offset and length.
-	rh := p.header(tPullReply)
 	hdr, first := uint32(0), true
 	for i := uint32(0); i < pullBlockFrames; i++ {
 		if req.mask&(1<<i) == 0 {
@@ -358,7 +356,6 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			break
 		}
 		n := int(min(uint64(fb), end-off))
-		rh.payloadLen = n
 		ph := pullReplyHdr{pullID: req.pullID, offset: uint32(off)}
 		if src != nil {
 			// Built at send time, straight from the send's data into the
@@ -367,7 +364,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			if first {
 				var b *pullHdr
 				b, hdr = g.queuePullHdr()
-				ph.put(putHeader(b[:], &p.addr.MAC, &g.mac, g.ethType, &rh))
+				ph.put(p.putHeader(b[:], tPullReply, 0, 0, n))
 				first = false
 			}
 			g.queuePullReply(src, uint32(off), n, hdr)
@@ -384,7 +381,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 				break
 			}
 			b := g.scratchBuf()
-			th := putHeader(b, &p.addr.MAC, &g.mac, g.ethType, &rh)
+			th := p.putHeader(b, tPullReply, 0, 0, n)
 			ph.put(th)
 			copy(th[pullReplyHdrLen:pullReplyHdrLen+n], mem)
 			reg.Unhold()

@@ -797,15 +797,16 @@ func (e *Endpoint) convert(p *peer, r *request, first uint32, now int64) {
 		if s.req != r {
 			continue
 		}
-		h := p.header(tNop)
-		h.seq = seq
+		t := tNop
 		if seq == first {
-			h.typ = tRndv
-			rh := rndvHdr{match: r.match, msgLen: uint32(r.length), rndvID: r.rndvID}
-			rh.put(s.buf[hdrLen:])
+			t = tRndv
 		}
-		putHeader(s.buf, &p.addr.MAC, &e.eng.mac, e.eng.ethType, &h)
-		s.n = int32(len(padded(s.buf, h.typ, 0)))
+		th := p.putHeader(s.buf, t, seq, 0, 0)
+		if t == tRndv {
+			rh := rndvHdr{match: r.match, msgLen: uint32(r.length), rndvID: r.rndvID}
+			rh.put(th)
+		}
+		s.n = int32(len(padded(s.buf, t, 0)))
 		s.last = seq == first
 	}
 	p.retransmit(&p.win[first%w], now)
