@@ -51,13 +51,8 @@ func (g *engine) predictEager(f []byte, now int64) bool {
 	}
 	// The message: whole in this frame, and a receive takes it (arrive
 	// changes nothing when none does).
-	th := f[hdrLen : hdrLen+eagerHdrLen]
-	eh := eagerHdr{
-		match:  binary.BigEndian.Uint64(th),
-		msgLen: binary.BigEndian.Uint32(th[8:]),
-		offset: binary.BigEndian.Uint32(th[12:]),
-	}
-	if eh.msgLen != uint32(n) || eh.offset != 0 {
+	var eh eagerHdr
+	if eh.decode(f[hdrLen:hdrLen+eagerHdrLen], n) != nil || eh.msgLen != uint32(n) || eh.offset != 0 {
 		return false
 	}
 	r := e.match.arrive(eh.match)
