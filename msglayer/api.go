@@ -171,7 +171,7 @@ func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, er
 	// Resolves of one name at once share the query and its answer.
 	q := g.hostReplies[name]
 	if q == nil {
-		q = &hostQuery{}
+		q = &hostQuery{answered: make(chan struct{})}
 		g.hostReplies[name] = q
 	}
 	q.waiters++
@@ -203,7 +203,7 @@ func (e *Endpoint) Resolve(ctx context.Context, name string, ep uint8) (Addr, er
 		// One query per 100 ms: a wait that ends sooner (the engine
 		// closed) ends the loop above.
 		qctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		err := g.waitFor(qctx, func() bool { _, ok := found(); return ok }, nil)
+		err := g.waitFor(qctx, func() bool { _, ok := found(); return ok }, q.answered)
 		cancel()
 		if a, ok := found(); ok && a.MAC != [6]byte{} {
 			return a, nil
@@ -416,22 +416,25 @@ func (e *Endpoint) collectTo(r *request, st *Status) {
 }
 
 // Wait waits for the request to complete and returns its status; the
-// error is the status as an error (nil on success) or the context's. One
-// goroutine at a time may wait on or test a handle: a second Wait on it
-// at the same time, or a TestAny, WaitAny, Forget or group wait that
-// collects the request meanwhile, may leave the Wait waiting until its
-// context ends.
+// error is the status as an error (nil on success) or the context's. A
+// handle is collected once: of two Waits on it at the same time, or a
+// Wait and a Test, TestAny, WaitAny, Forget or group wait that collects or
+// forgets the request meanwhile, one gets the status and the others
+// ErrStaleRequest.
 func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	r := h.r
-	if r == nil || r.liveGen.Load() != h.gen || r.ep != e {
-		// Spent (by Test or another Wait), recycled, or another
+	if r == nil || r.ep != e || r.liveGen.Load() != h.gen {
+		// Spent (by Test, Forget or another Wait), recycled, or another
 		// endpoint's: waiting on it could last for ever.
 		return Status{}, ErrStaleRequest
 	}
 	// Completion signals r.wake only while someone may sleep on it (the
 	// goroutine driving the link sees the completion by itself, and
-	// collects the request while it holds the engine lock).
-	st, reaped, err := e.eng.waitForSleeping(ctx, r.doneFlag.Load, r.wake, &r.waiters, reaping{h, e})
+	// collects the request while it holds the engine lock). The wait
+	// also ends when the handle is spent meanwhile (another goroutine
+	// collected or forgot it), which release and Forget signal.
+	done := func() bool { return r.doneFlag.Load() || r.liveGen.Load() != h.gen }
+	st, reaped, err := e.eng.waitForSleeping(ctx, done, r.wake, &r.waiters, reaping{h, e})
 	if err != nil {
 		return Status{}, err
 	}
@@ -439,6 +442,16 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 		return st, st.Err()
 	}
 	st, ok, err := e.Test(h)
+	if errors.Is(err, ErrStaleRequest) {
+		// The wake that ended the wait may have been meant for the
+		// request's next use, or for another goroutine asleep on the
+		// spent handle: pass it on (one too many only wakes a waiter
+		// to look again).
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
 	if err != nil {
 		return st, err
 	}
@@ -673,7 +686,18 @@ func (e *Endpoint) Forget(h Request) error {
 		e.collect(r)
 		return nil
 	}
+	// The handle is spent now, as after a completion reported: the
+	// request runs on under a generation no handle names, and release
+	// frees it when it completes.
 	r.forgotten = true
+	r.gen++
+	r.liveGen.Store(r.gen)
+	if r.waiters.Load() > 0 {
+		select { // a Wait asleep on the handle: it is spent
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
 	return nil
 }
 

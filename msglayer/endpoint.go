@@ -660,7 +660,7 @@ func (e *Endpoint) newRequest(kind reqKind, ctx any) *request {
 		r = e.free[n-1]
 		e.free = e.free[:n-1]
 	} else {
-		r = &request{requestState: requestState{ep: e, wake: make(chan struct{}, 1)}}
+		r = &request{ep: e, wake: make(chan struct{}, 1)}
 	}
 	r.kind = kind
 	r.status = Status{Context: ctx}
@@ -672,15 +672,29 @@ func (e *Endpoint) newRequest(kind reqKind, ctx any) *request {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) release(r *request) {
-	gen, wake := r.gen+1, r.wake
+	gen := r.gen + 1
 	if r.signalled {
 		select {
-		case <-wake:
+		case <-r.wake:
 		default:
 		}
 	}
-	r.requestState = requestState{ep: e, gen: gen, wake: wake}
+	if r.doneFlag.Load() {
+		r.doneFlag.Store(false)
+	}
+	r.requestState = requestState{gen: gen}
 	r.liveGen.Store(gen)
+	if r.waiters.Load() > 0 {
+		// A Wait on a handle this spends is asleep (one that raced with
+		// another Wait, a collect by TestAny or a group, or Forget): wake
+		// it to find its handle spent. It passes the wake on as it leaves
+		// (Endpoint.Wait), so that none meant for the request's next use
+		// is lost to it.
+		select {
+		case r.wake <- struct{}{}:
+		default:
+		}
+	}
 	e.free = append(e.free, r)
 }
 

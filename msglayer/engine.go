@@ -88,6 +88,11 @@ type engine struct {
 	// completion moves at every completion or unexpected arrival on an
 	// endpoint with goroutines waiting for any (Endpoint.notifyAny).
 	completion atomic.Uint64
+	// handlerPanic is what an unexpected-message handler panicked with
+	// (callHandler), until the goroutine that ran it panics with it
+	// again (rethrow); handlerPanicked says there is one. Set under mu.
+	handlerPanic    any
+	handlerPanicked atomic.Bool
 
 	// Owned by the driver (the drive token holder).
 	rxBufs  [][]byte
@@ -1113,8 +1118,9 @@ func (g *engine) nackNoEndpoint(f []byte, h *header) {
 // hostQuery is a host name being resolved: the answer, and how many
 // Resolve calls wait for it.
 type hostQuery struct {
-	mac     [6]byte // zero until answered
-	waiters int
+	mac      [6]byte // zero until answered
+	waiters  int
+	answered chan struct{} // closed at the first answer: wakes the Resolves not driving
 }
 
 // onHost answers host queries naming this host and records answers.
@@ -1133,8 +1139,15 @@ func (g *engine) onHost(f []byte, h *header) {
 		copy(p, name)
 		g.queue(padded(b, tHostReply, len(name)), nil)
 	case tHostReply:
-		if q := g.hostReplies[string(name)]; q != nil {
+		// An answer comes from a NIC: a zero or group source address is
+		// no answer.
+		if q := g.hostReplies[string(name)]; q != nil && [6]byte(f[6:12]) != ([6]byte{}) && f[6]&1 == 0 {
 			copy(q.mac[:], f[6:12])
+			select {
+			case <-q.answered: // answered before (the lock makes one closer)
+			default:
+				close(q.answered)
+			}
 		}
 	}
 }
@@ -1228,6 +1241,9 @@ func (g *engine) driveReaping(ctx context.Context, done func() bool, reap reapin
 	st, reaped := g.reapSt, g.reaped
 	g.reap, g.reapSt, g.reaped = reaping{}, Status{}, false
 	g.drive.release()
+	if !reaped {
+		g.rethrow() // else at the next drive's end: this one returns a status
+	}
 	if reaped {
 		err = nil // the request completed, whatever came after
 	}
@@ -1303,8 +1319,8 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 		pollAgain()
 	}
 	for spins := 0; ; spins++ {
-		if g.reaped || done() {
-			return nil
+		if g.reaped || done() || g.handlerPanicked.Load() {
+			return nil // a handler's panic goes on at once (rethrow)
 		}
 		if g.closed.Load() {
 			return ErrClosed
@@ -1490,7 +1506,7 @@ func (g *engine) background() {
 		}
 		g.bgDriving.Store(true)
 	drive:
-		for g.wantDrive.Load() == 0 && !g.closed.Load() {
+		for g.wantDrive.Load() == 0 && !g.closed.Load() && !g.handlerPanicked.Load() {
 			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil {
 				if g.closed.Load() {
 					break
@@ -1508,6 +1524,26 @@ func (g *engine) background() {
 		}
 		g.bgDriving.Store(false)
 		g.drive.release()
+		g.rethrow()
+	}
+}
+
+// rethrow panics again with what an unexpected-message handler panicked
+// with, if one did, in the goroutine that ran it (handlers run in the
+// driver only, for same-process messages too) once it holds neither the
+// lock nor the drive token: at the end of a wait's drive, or of the
+// background goroutine's.
+func (g *engine) rethrow() {
+	if !g.handlerPanicked.Load() {
+		return
+	}
+	g.mu.Lock()
+	pv := g.handlerPanic
+	g.handlerPanic = nil
+	g.handlerPanicked.Store(false)
+	g.mu.Unlock()
+	if pv != nil {
+		panic(pv)
 	}
 }
 

@@ -19,26 +19,32 @@ const (
 // request is the engine's record of one operation. Requests are recycled
 // through the endpoint's free list; the user holds a Request handle whose
 // generation must match. All fields are guarded by the engine lock except
-// doneFlag, wake, waiters and liveGen.
+// the ones after requestState, which a Wait reads without it: release
+// leaves them out of the state it clears, so that a Wait on a spent
+// handle (which may run while the request is recycled) races with no
+// plain store.
 type request struct {
 	requestState
-	// liveGen is gen, for Wait's look without the lock: release stores
-	// it, outside the state it clears.
-	liveGen atomic.Uint32
+	ep *Endpoint // set once: a request stays on its endpoint's free list
+	// liveGen is gen, for Wait's look without the lock: release (and
+	// Forget, which spends the handle) store it.
+	liveGen  atomic.Uint32
+	doneFlag atomic.Bool   // done, for Wait's look without the lock (see Endpoint.complete)
+	wake     chan struct{} // capacity 1, set once: signalled at completion if waiters > 0
+	// waiters counts the goroutines asleep in Wait on the request (not
+	// the one driving). Each counts itself in and out, whatever the
+	// request's generation meanwhile: release leaves the count alone.
+	waiters atomic.Int32
 }
 
 // requestState is what release clears.
 type requestState struct {
-	ep   *Endpoint
 	gen  uint32
 	kind reqKind
 
-	done      bool          // completed: status is final
-	doneFlag  atomic.Bool   // done, for Wait's look without the lock (see Endpoint.complete)
-	wake      chan struct{} // capacity 1: signalled at completion if waiters > 0
-	signalled bool          // wake was signalled: release drains it
-	waiters   atomic.Int32  // goroutines asleep in Wait on this request (not the one driving)
-	forgotten bool          // Forget: release at completion, report nothing
+	done      bool // completed: status is final
+	signalled bool // wake was signalled: release drains it
+	forgotten bool // Forget: release at completion, report nothing
 	inDoneQ   bool
 	dprev     *request // done queue (the endpoint's or the group's)
 	dnext     *request

@@ -609,9 +609,20 @@ func (e *Endpoint) callHandler(p *peer, match uint64, n int, data []byte) (Handl
 	g.dispatching = false
 	resets := p.resets
 	g.mu.Unlock()
-	act := h(m)
+	act, pv := runHandler(h, m)
 	g.mu.Lock()
 	g.dispatching = dispatching
+	if pv != nil {
+		// The handler panicked. The engine's state stays whole (the
+		// message queues as if the handler had said Continue) and the
+		// panic goes on once the goroutine that ran the handler lets go
+		// of the engine (engine.rethrow).
+		if g.handlerPanic == nil {
+			g.handlerPanic = pv
+			g.handlerPanicked.Store(true)
+		}
+		act = Continue
+	}
 	if e.closed || p.resets != resets {
 		// The endpoint closed, or the exchange with the peer was
 		// forgotten (Disconnect, a reset) meanwhile: the message goes
@@ -619,6 +630,17 @@ func (e *Endpoint) callHandler(p *peer, match uint64, n int, data []byte) (Handl
 		return act, false
 	}
 	return act, true
+}
+
+// runHandler calls the unexpected-message handler h and returns what it
+// said, or what it panicked with.
+func runHandler(h func(UnexpectedMessage) HandlerAction, m UnexpectedMessage) (act HandlerAction, pv any) {
+	defer func() {
+		if v := recover(); v != nil {
+			pv = v
+		}
+	}()
+	return h(m), nil
 }
 
 // startEager delivers the first fragment of an eager message into the

@@ -297,6 +297,9 @@ func (t *Endpoint) queueLocal(tp *peer, r *request) {
 		t.unexpRndv++
 	}
 	t.addUnexp(u)
+	// An arrival made outside the driver, like a completion: a Probe or
+	// Peek may be the driver, asleep in the kernel.
+	t.eng.signal()
 }
 
 // deliverLocal copies a same-engine send into the receive it matched and
