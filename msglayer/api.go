@@ -709,7 +709,9 @@ func (e *Endpoint) Ibuffered(h Request) (bool, error) {
 	if !h.valid() || h.r.ep != e {
 		return false, ErrStaleRequest
 	}
-	return h.r.buffered || h.r.done, nil
+	// Pull replies still to be built from the data pin it (txRefs), even
+	// once the notify said the receiver has it all.
+	return (h.r.buffered && h.r.txRefs == 0) || h.r.done, nil
 }
 
 // Group is a completion group: requests posted through it complete into

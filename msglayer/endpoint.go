@@ -117,6 +117,11 @@ type Config struct {
 	// too, one at a time: such a message waits for the driver's next round
 	// when no receive matches it (and every same-process message sent
 	// behind it waits too, to keep each sender's order).
+	//
+	// A handler that panics does as if it had returned Continue (the
+	// message queues), and the goroutine that ran it panics with the same
+	// value once the engine no longer needs it: a Wait (or other wait)
+	// then, or the background goroutine, which ends the process.
 	UnexpectedHandler func(UnexpectedMessage) HandlerAction
 
 	// ContextIDBits (0..8) bits of the match info, starting at bit
