@@ -1241,11 +1241,10 @@ func (g *engine) driveReaping(ctx context.Context, done func() bool, reap reapin
 	st, reaped := g.reapSt, g.reaped
 	g.reap, g.reapSt, g.reaped = reaping{}, Status{}, false
 	g.drive.release()
-	if !reaped {
-		g.rethrow() // else at the next drive's end: this one returns a status
-	}
 	if reaped {
 		err = nil // the request completed, whatever came after
+	} else {
+		g.rethrow() // a handler's panic (when reaped: at the next drive's end)
 	}
 	return st, reaped, err
 }
