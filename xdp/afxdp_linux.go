@@ -407,6 +407,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	// Send frames: all idle.
 	rxRoom := int(l.frameSize) - xdpHeadroom
 	l.lvl.init(cfg.RxLevel, half, l.frameSize, (l.maxFrame+rxRoom-1)/rxRoom)
+	l.fill.free(l.fill.size) // reads the consumer: the cached view starts true
 	for _, a := range l.lvl.take(l.lvl.target) {
 		l.fill.addrs[l.fill.cachedProd&l.fill.mask] = a
 		l.fill.cachedProd++

@@ -67,6 +67,18 @@ func TestAFXDPConformance(t *testing.T) {
 	}
 }
 
+// TestAFXDPFillRoom checks that the fill ring's producer side reckons
+// its room right from the start: it used to begin from a cached consumer
+// index of 0, behind the frames given at open, and to see about 2^32
+// free entries until the producer index wrapped.
+func TestAFXDPFillRoom(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	l := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{})
+	if room, size := l.FillRoomForTest(); room > size {
+		t.Errorf("fill ring: room for %d entries in a ring of %d", room, size)
+	}
+}
+
 func TestAFXDPInfo(t *testing.T) {
 	lab := netlab.New(t, netlab.Options{Hosts: 2})
 	l := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{})
