@@ -101,6 +101,14 @@ func (l *AFXDPLink) bufCompleted(addr uint64) {
 	}
 }
 
+// spanDescs is how many TX descriptors queueTail gives tail s: one per
+// UMEM frame it touches.
+func (l *AFXDPLink) spanDescs(s Span) int {
+	first := (s.Buf.addr + uint64(s.Off)) / l.frameSize
+	last := (s.Buf.addr + uint64(s.Off+max(s.Len, 1)) - 1) / l.frameSize
+	return int(last-first) + 1
+}
+
 // queueTail produces the descriptors of a gathered tail (not yet
 // submitted). The caller secured the TX ring entries.
 //

@@ -147,7 +147,10 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDP
 					bad = err
 					break
 				}
-				if !l.gatherDsc {
+				// A tail that would take the packet past the kernel's
+				// descriptors per packet (one starting near a frame's end
+				// takes one more) is copied too: the kernel would drop it.
+				if !l.gatherDsc || l.txDescs(size)+l.spanDescs(tail) > copyModeMaxDescs {
 					size += copy(buf[size:], tail.Buf.mem[tail.Off:tail.Off+tail.Len])
 					tail = Span{}
 				}

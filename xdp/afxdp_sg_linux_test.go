@@ -422,3 +422,51 @@ func TestAFXDPGatherSmallRing(t *testing.T) {
 		t.Fatalf("Recv: %d frames, %v, %d bytes; want 1, nil, 160", n, err, sizes[0])
 	}
 }
+
+// TestAFXDPGatherDescriptorLimit checks that a gathered frame whose head
+// and tail would take more descriptors than the kernel takes per packet
+// (a head of one byte past a frame, a tail starting at a frame's last
+// byte, at MTU 65535 in 4 KiB frames) arrives whole: its tail is copied.
+// Such frames used to be dropped by the kernel as invalid, and counted
+// as sent.
+func TestAFXDPGatherDescriptorLimit(t *testing.T) {
+	const mtu = 65535
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: mtu})
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{NumFrames: 128, BufferBytes: 128 << 10, Gather: xdp.GatherDescriptors})
+	b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{})
+	maxLen := xdp.MaxFrameLen(a)
+	buf, err := a.AllocBuffer(100 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	head := make([]byte, 4097)
+	copy(head, b.HardwareAddr())
+	copy(head[6:], a.HardwareAddr())
+	head[12], head[13] = 0x88, 0xb5
+	for i := range head[14:] {
+		head[14+i] = byte(i)
+	}
+	tail := xdp.Span{Buf: buf, Off: 4095, Len: maxLen - len(head)}
+	for i := range tail.Len {
+		buf.Bytes()[tail.Off+i] = byte(i * 7)
+	}
+	want := append(append([]byte(nil), head...), buf.Bytes()[tail.Off:tail.Off+tail.Len]...)
+	const n = 3
+	if sent, err := a.SendGather(n, &spanSender{head: head, tail: tail}); sent != n || err != nil {
+		t.Fatalf("SendGather = %d, %v", sent, err)
+	}
+	bufs, sizes := [][]byte{make([]byte, maxLen)}, []int{0}
+	for i := range n {
+		k, err := b.Recv(bufs, sizes, 2*time.Second)
+		if err != nil || k != 1 {
+			t.Fatalf("frame %d: Recv = %d, %v (sender's invalid descriptors: %d)", i, k, err, a.Stats().TxInvalidDescs)
+		}
+		if !bytes.Equal(bufs[0][:sizes[0]], want) {
+			t.Fatalf("frame %d: %d bytes, not the %d sent", i, sizes[0], len(want))
+		}
+	}
+	if s := a.Stats(); s.TxInvalidDescs != 0 {
+		t.Errorf("sender's invalid descriptors: %d", s.TxInvalidDescs)
+	}
+}
