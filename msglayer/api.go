@@ -373,7 +373,7 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 func (e *Endpoint) Test(h Request) (Status, bool, error) {
 	g := e.eng
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	defer g.flushAndUnlock() // what a settle of acks framed goes out
 	if !h.valid() || h.r.ep != e {
 		return Status{}, false, ErrStaleRequest
 	}
@@ -467,7 +467,7 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 func (e *Endpoint) TestAny(info, mask uint64) (Status, bool) {
 	g := e.eng
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	defer g.flushAndUnlock() // what a settle of acks framed goes out
 	r := e.done.find(info, mask)
 	if r == nil && g.settleAcks() {
 		r = e.done.find(info, mask)
@@ -535,7 +535,7 @@ func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, erro
 func (e *Endpoint) IPeek() (Request, bool) {
 	g := e.eng
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	defer g.flushAndUnlock() // what a settle of acks framed goes out
 	if e.done.head == nil {
 		g.settleAcks()
 	}
@@ -848,7 +848,7 @@ func (gr *Group) Irecv(info, mask uint64, segs [][]byte, ctx any) (Request, erro
 func (gr *Group) Test() (Status, bool) {
 	g := gr.eng
 	g.mu.Lock()
-	defer g.mu.Unlock()
+	defer g.flushAndUnlock() // what a settle of acks framed goes out
 	if gr.q.head == nil {
 		g.settleAcks()
 	}

@@ -68,7 +68,7 @@ type Config struct {
 	Window            int // reliable frames in flight per peer, a power of two (default 256)
 	AckDelay          time.Duration
 	AckEvery          int
-	InitialRTO        time.Duration
+	InitialRTO        time.Duration // the timeout before a round trip is measured (default 5 ms; at most MaxRTO)
 	MinRTO, MaxRTO    time.Duration // bounds of the adaptive timeout (default 2 ms; 250 ms or MinRTO if above)
 	GiveUp            time.Duration // a peer silent this long is unreachable (default 5 s)
 	KeepaliveInterval time.Duration
@@ -239,6 +239,9 @@ func (c *Config) setDefaults() error {
 		}
 		return &ArgError{Arg: "MinRTO", Err: fmt.Errorf("%v is above MaxRTO %v", c.MinRTO, c.MaxRTO)}
 	}
+	// MaxRTO bounds the first timeout too: it is armed as InitialRTO
+	// says, and the bound applied later would not move the timer earlier.
+	c.InitialRTO = min(c.InitialRTO, c.MaxRTO)
 	if c.SpinBeforeSleep < NoSpin || c.SpinBeforeSleep > time.Second {
 		return &ArgError{Arg: "SpinBeforeSleep", Err: fmt.Errorf("%v: want NoSpin, 0 (adaptive) or up to 1s", c.SpinBeforeSleep)}
 	}

@@ -916,6 +916,22 @@ const reschedEvery = time.Millisecond
 // (at least minKernelSleep), at most maxSleep; and the clock it read, for
 // driveOnce.
 func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
+	// Frames already waiting go before the timers: an ack among them
+	// spares a timeout the timers would take as expired after a driver's
+	// absence (an application working between waits, the background
+	// goroutine's lingerAPI). If there are any, they are handled (the
+	// timers run after them) and the caller polls rather than sleeps.
+	var n int
+	if g.visitor != nil {
+		n, _ = g.visitor.RecvVisit(len(g.rxBufs), 0, &g.vis)
+	} else {
+		n, _ = g.link.Recv(g.rxBufs, g.rxSizes, 0)
+	}
+	if n > 0 {
+		g.sleptFrom = 0
+		g.handled(n)
+		return 0, 0
+	}
 	g.mu.Lock()
 	if g.localQueued.Load() {
 		g.runLocal()

@@ -383,6 +383,7 @@ func (p *peer) clear(code Code) {
 	p.srtt, p.rttvar, p.rto = 0, 0, int64(e.cfg.InitialRTO)
 	p.pullSRTT, p.pullVar = 0, 0
 	p.probed = probedBlock{}
+	p.waiting = false // a new wait's silence counts from its own start
 	p.dead = false
 	p.ch = nil
 }
@@ -829,8 +830,11 @@ func (p *peer) noteAck(ack uint32, now int64) bool {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) settle() {
-	if p.takeAck() {
-		p.pump(p.ackInAt)
+	if p.takeAck() && (p.sendHead != nil || p.recovering) {
+		// Now, not when the ack came (milliseconds ago, when it waited
+		// for the background goroutine): the frames the window lets go
+		// leave now, and their timeouts count from then.
+		p.pump(p.ep.eng.readClock())
 	}
 }
 

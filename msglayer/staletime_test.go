@@ -1,0 +1,226 @@
+package msglayer
+
+import (
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/xdp"
+)
+
+// The tests of this file hold the timers to times that are current: a
+// frame's timeout counts from when it left, a peer's silence from the
+// wait under way, and the frames waiting in the ring go before the
+// timers that their acks would spare.
+
+// newManNetCfg is newManNet with configurations of a's and b's own,
+// connected a to b.
+func newManNetCfg(t *testing.T, ca, cb Config) *manNet {
+	n := &manNet{t: t, clock: &ManualClock{}, giveUp: 5 * time.Second}
+	n.clock.Advance(time.Millisecond)
+	ma, mb := xdp.NewPair(xdp.MemConfig{})
+	n.la, n.lb = &capLink{Link: ma}, &capLink{Link: mb}
+	open := func(l *capLink, id uint8, key uint32, c Config) *Endpoint {
+		c.Link, c.EndpointID, c.Key, c.Clock = l, id, key, n.clock
+		c.ConnectRetry = 50 * time.Millisecond
+		e, err := Open(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		e.eng.wantDrive.Add(1) // the background driver stays away
+		l.Wake()
+		for e.eng.bgDriving.Load() {
+			time.Sleep(100 * time.Microsecond)
+		}
+		return e
+	}
+	n.a, n.b = open(n.la, 1, 0xa, ca), open(n.lb, 2, 0xb, cb)
+	t.Cleanup(func() { n.la.Link.Close(); n.lb.Link.Close() })
+	ra, _ := n.a.IConnect(n.b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, n.a, ra, Success, "connect")
+	return n
+}
+
+// deliverLeavingAcks hands f to e as a driver's batch that completed its
+// Wait's request does: the acks it carried are left for later (ackq).
+func (n *manNet) deliverLeavingAcks(e *Endpoint, f []byte) {
+	g := e.eng
+	g.mu.Lock()
+	g.dispatch(f, g.clock.Now())
+	g.flushAndUnlock()
+}
+
+// ackLaterSetup sends 8 messages from a through a window of 4, lets b
+// take the 4 in flight and answer with one message carrying their ack,
+// and hands that to a leaving the ack for later; then 3 ms pass, as
+// when the background goroutine settles acks after lingerAPI.
+func ackLaterSetup(t *testing.T) (n *manNet, sends []Request) {
+	n = newManNetCfg(t, Config{Window: 4}, Config{AckEvery: 64, AckDelay: time.Second})
+	a, b := n.a, n.b
+	for i := range 8 {
+		r, err := a.Isend(b.Addr(), uint64(i), [][]byte{make([]byte, 100)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends = append(sends, r)
+	}
+	n.timers(a) // stamps the 4 in flight
+	for _, f := range n.la.take() {
+		n.deliver(b, f)
+	}
+	if _, err := b.Isend(a.Addr(), 99, [][]byte{make([]byte, 10)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fb := n.lb.take()
+	n.clock.Advance(100 * time.Microsecond)
+	for _, f := range fb {
+		n.deliverLeavingAcks(a, f)
+	}
+	n.clock.Advance(3 * time.Millisecond)
+	return n, sends
+}
+
+// TestSettledSendsTimedFromNow checks that the messages an ack settled
+// late lets into the window are timed from when they leave: they were
+// stamped with the ack's arrival, milliseconds before, and timed out at
+// once (a retransmission and a cut of the congestion window each time).
+func TestSettledSendsTimedFromNow(t *testing.T) {
+	n, _ := ackLaterSetup(t)
+	a := n.a
+	before := a.Counters()
+	g := a.eng
+	g.mu.Lock() // what prepareSleep does
+	g.settleAcks()
+	g.runTimers(g.readClock())
+	g.flushAndUnlock()
+	if after := a.Counters(); after.Retransmits != before.Retransmits || after.CwndCuts != before.CwndCuts {
+		t.Errorf("the sends a late ack let go timed out at once: retransmissions %d -> %d, cuts %d -> %d",
+			before.Retransmits, after.Retransmits, before.CwndCuts, after.CwndCuts)
+	}
+}
+
+// TestTestSendsWhatItSettled checks that a Test whose look at the acks
+// lets messages into the window sends them, rather than leaving them
+// queued for the next driver round.
+func TestTestSendsWhatItSettled(t *testing.T) {
+	n, sends := ackLaterSetup(t)
+	a := n.a
+	n.la.take()
+	if _, _, err := a.Test(sends[0]); err != nil {
+		t.Fatal(err)
+	}
+	if out := len(n.la.take()); out != 4 {
+		t.Errorf("Test settled the ack of 4 sends and sent %d of the 4 queued, want 4", out)
+	}
+	before := a.Counters().Retransmits
+	n.timers(a)
+	if after := a.Counters().Retransmits; after != before {
+		t.Errorf("the sends Test let go were retransmitted at once (%d)", after-before)
+	}
+}
+
+// TestGiveUpCountsFromTheWait checks that after a give-up and a
+// reconnect, a peer's silence during a new wait counts from that wait's
+// start: a wait's start left from before the give-up made a rendezvous
+// whose record was lost fail Unreachable at the first timeout, about 5
+// ms in, with GiveUp 1 s.
+func TestGiveUpCountsFromTheWait(t *testing.T) {
+	for _, giveUpFirst := range []bool{false, true} {
+		name := "control"
+		if giveUpFirst {
+			name = "after a give-up"
+		}
+		t.Run(name, func(t *testing.T) {
+			n := newManNet(t, time.Second)
+			a, b := n.a, n.b
+			ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+			n.lockstep()
+			mustComplete(t, a, ra, Success, "connect")
+			if giveUpFirst {
+				s, _ := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 40000)}, nil)
+				n.lockstep()
+				for range 200 { // b is silent
+					n.la.take()
+					n.lb.take()
+					n.clock.Advance(10 * time.Millisecond)
+					n.timers(a)
+				}
+				mustComplete(t, a, s, Unreachable, "send to the silent peer")
+				n.la.take()
+				n.lb.take()
+				ra, _ = a.IConnect(b.Addr(), 0xb, nil)
+				n.lockstep()
+				mustComplete(t, a, ra, Success, "reconnect")
+			}
+			n.clock.Advance(1500 * time.Millisecond) // idle, longer than GiveUp
+			n.timers(a)
+			n.timers(b)
+			n.lockstep()
+			s, _ := a.Isend(b.Addr(), 7, [][]byte{make([]byte, 40000)}, nil)
+			n.timers(a)
+			n.la.take() // the rendezvous record is lost,
+			for range 10 {
+				n.clock.Advance(2 * time.Millisecond)
+				n.timers(a)
+				n.la.take() // and its retransmissions, for 20 ms
+				if st, ok, _ := a.Test(s); ok {
+					t.Fatalf("the send completed %v after 20 ms of loss (GiveUp 1 s)", st.Code)
+				}
+			}
+		})
+	}
+}
+
+// TestTimersAfterWaitingFrames checks that a driver about to sleep
+// handles the frames waiting in the ring before it runs the timers: an
+// ack waiting there while nobody drove for longer than the timeout (the
+// background goroutine's lingerAPI) used to have its frame retransmitted
+// first.
+func TestTimersAfterWaitingFrames(t *testing.T) {
+	fp := newFuzzPair(t, 0, false, false)
+	a, b := fp.a, fp.b
+	g := a.eng
+	if _, err := a.Isend(b.addr, 1, [][]byte{make([]byte, 8)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	fp.drive(g)     // stamps it
+	fp.drive(b.eng) // b acks at once: the ack waits in a's ring
+	g.mu.Lock()
+	rto := a.peers[b.addr].rto
+	g.mu.Unlock()
+	fp.clock.Advance(time.Duration(rto) + time.Microsecond)
+	before := a.Counters().Retransmits
+	for !g.drive.tryTake() {
+	}
+	d, from := g.prepareSleep(250 * time.Millisecond)
+	g.driveOnce(d, from)
+	g.drive.release()
+	if got := a.Counters().Retransmits - before; got != 0 {
+		t.Errorf("%d retransmissions of a frame whose ack waited in the ring", got)
+	}
+}
+
+// TestInitialRTOAtMostMaxRTO checks that MaxRTO bounds the first timeout
+// too: with InitialRTO 1 s and MaxRTO 250 ms, a lost frame was first
+// resent after 1 s.
+func TestInitialRTOAtMostMaxRTO(t *testing.T) {
+	n := newManNetCfg(t, Config{InitialRTO: time.Second, MaxRTO: 250 * time.Millisecond}, Config{})
+	a, b := n.a, n.b
+	if _, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 10)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	n.timers(a)
+	n.la.take() // lost
+	for waited := 50 * time.Millisecond; waited <= time.Second; waited += 50 * time.Millisecond {
+		n.clock.Advance(50 * time.Millisecond)
+		n.timers(a)
+		if a.Counters().Retransmits > 0 {
+			if waited > 300*time.Millisecond {
+				t.Errorf("first retransmission after %v, MaxRTO 250 ms", waited)
+			}
+			return
+		}
+	}
+	t.Error("no retransmission within 1 s")
+}
