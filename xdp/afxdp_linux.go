@@ -215,6 +215,11 @@ type AFXDPLink struct {
 	traceSide int
 
 	txMu sync.Mutex
+	// txStalled says that the last kick left frames on the TX ring (the
+	// kernel refused them for now): receives kick again (kickStalled),
+	// and RxIdle says not idle so that pollers come to receive. Written
+	// under txMu.
+	txStalled atomic.Bool
 	// +checklocks:txMu
 	tx descRing
 	// +checklocks:txMu
@@ -593,12 +598,13 @@ func (l *AFXDPLink) RxFrames() int { return int(l.lvl.high) }
 
 // RxIdle implements IdleProber. It reports, without a lock, that a poll
 // would find nothing to do: the RX ring is empty (its producer index is
-// where we last consumed to) and the kernel asks for no wake-up on the
-// fill ring. A busy-polling caller then takes no lock. After Close it reads the retired rings'
+// where we last consumed to), the kernel asks for no wake-up on the
+// fill ring, and no frames the kernel refused wait on the TX ring for a
+// receive to kick them again (kickStalled). A busy-polling caller then takes no lock. After Close it reads the retired rings'
 // zeros (idle), and the caller finds the link closed at its next call.
 func (l *AFXDPLink) RxIdle() bool {
 	idle := atomic.LoadUint32(l.idle.rxProd) == atomic.LoadUint32(l.idle.rxCons) &&
-		!needWakeup(l.idle.fillFlags)
+		!needWakeup(l.idle.fillFlags) && !l.txStalled.Load()
 	// The placeholders stay mapped while l is reachable: keep it so
 	// until the loads are done.
 	runtime.KeepAlive(l)
@@ -637,6 +643,7 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		if l.fill.needWakeup() {
 			l.kick(unix.SYS_RECVFROM)
 		}
+		l.kickStalled()
 		if timeout == 0 || l.wk.take() {
 			return 0, nil
 		}
@@ -984,13 +991,17 @@ func (l *AFXDPLink) reclaim() {
 // kickTx asks the kernel to transmit what the TX ring holds when it wants to
 // be asked (need_wakeup). In copy mode one sendto transmits a bounded batch
 // and answers EAGAIN while more remains, so it is repeated until the ring is
-// drained. Transient refusals leave the frames on the ring for the next
-// kick; an error is returned only when the interface is gone or down.
+// drained; a refusal (a stopped queue, a full completion ring, which the
+// retries reap) is retried likewise. Frames still refused after that stay
+// on the ring and the link notes it (txStalled): the receives kick again
+// until they are gone, as nothing else would in copy mode but the next
+// send. An error is returned only when the interface is gone or down.
 //
 // +checklocks:l.txMu
 func (l *AFXDPLink) kickTx() error {
 	for i := 0; i <= int(l.tx.size/16); i++ {
 		if !l.tx.needWakeup() {
+			l.noteTxStall(false)
 			return nil
 		}
 		Trace(l.traceSide, TraceKick)
@@ -998,19 +1009,40 @@ func (l *AFXDPLink) kickTx() error {
 		Trace(l.traceSide, TraceKicked)
 		switch err {
 		case nil:
-			if atomic.LoadUint32(l.tx.consumer) == l.tx.cachedProd {
-				return nil
-			}
 		case unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.EINTR:
-			if atomic.LoadUint32(l.tx.consumer) == l.tx.cachedProd {
-				return nil
-			}
+			l.reclaim()
 		default:
 			l.txErrs.Add(1)
 			return &OpError{Op: "send: wake kernel", Interface: l.ifname, Err: err}
 		}
+		if atomic.LoadUint32(l.tx.consumer) == l.tx.cachedProd {
+			l.noteTxStall(false)
+			return nil
+		}
 	}
+	l.noteTxStall(true)
 	return nil
+}
+
+// noteTxStall records whether frames were left on the TX ring.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) noteTxStall(stalled bool) {
+	if l.txStalled.Load() != stalled {
+		l.txStalled.Store(stalled)
+	}
+}
+
+// kickStalled kicks the frames the last kick left on the TX ring, unless a
+// sender is at it (it kicks them itself).
+func (l *AFXDPLink) kickStalled() {
+	if !l.txStalled.Load() || !l.txMu.TryLock() {
+		return
+	}
+	if !l.closed.Load() {
+		l.kickTx()
+	}
+	l.txMu.Unlock()
 }
 
 // waitTx waits for the kernel to complete some sends, failing once the link

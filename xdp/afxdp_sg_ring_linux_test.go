@@ -8,6 +8,7 @@ package xdp
 import (
 	"bytes"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -311,5 +312,54 @@ func TestCorruptRingAddresses(t *testing.T) {
 	l.txMu.Unlock()
 	if after != free {
 		t.Fatalf("%d idle send slots after a completion given twice, want %d", after, free)
+	}
+}
+
+// TestTxStallKickedByReceives checks that frames the kernel refuses for a
+// while (a stopped queue, a full completion ring: every sendto answers
+// EAGAIN) are kicked again by the receives, which RxIdle sends pollers
+// to, until the kernel takes them; a spinning receiver used to leave them
+// on the ring until the next send.
+func TestTxStallKickedByReceives(t *testing.T) {
+	l := fakeLink(t, 4096, 64, false)
+	// The socket: one end of a datagram pair whose buffer is full, so
+	// that every kick answers EAGAIN.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
+	for {
+		if _, err := unix.Write(fds[0], []byte{1}); err != nil {
+			break
+		}
+	}
+	l.fd = fds[0]
+	atomic.StoreUint32(l.tx.flags, unix.XDP_RING_NEED_WAKEUP)
+
+	if n, err := l.Send([][]byte{make([]byte, 60)}); n != 1 || err != nil {
+		t.Fatalf("Send = %d, %v", n, err)
+	}
+	if !l.txStalled.Load() || l.RxIdle() {
+		t.Fatalf("after a refused kick: stalled %v, RxIdle %v; want true, false", l.txStalled.Load(), l.RxIdle())
+	}
+	bufs, sizes := [][]byte{make([]byte, 100)}, []int{0}
+	w0 := l.wakeups.Load()
+	if _, err := l.Recv(bufs, sizes, 0); err != nil {
+		t.Fatal(err)
+	}
+	if l.wakeups.Load() == w0 {
+		t.Error("a receive while frames wait on the TX ring did not kick")
+	}
+	// The kernel takes the frame: the next receive's kick sees the ring
+	// empty, and the link is idle again.
+	l.txMu.Lock()
+	atomic.StoreUint32(l.tx.consumer, l.tx.cachedProd)
+	l.txMu.Unlock()
+	if _, err := l.Recv(bufs, sizes, 0); err != nil {
+		t.Fatal(err)
+	}
+	if l.txStalled.Load() || !l.RxIdle() {
+		t.Errorf("once the kernel took the frames: stalled %v, RxIdle %v; want false, true", l.txStalled.Load(), l.RxIdle())
 	}
 }
