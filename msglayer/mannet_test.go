@@ -73,8 +73,15 @@ func newManNet(t *testing.T, giveUp time.Duration) *manNet {
 }
 
 func (n *manNet) open(l *capLink, id uint8, key uint32) *Endpoint {
-	e, err := Open(Config{Link: l, EndpointID: id, Key: key, Clock: n.clock,
-		ConnectRetry: 50 * time.Millisecond, GiveUp: n.giveUp})
+	return n.openCfg(l, id, key, Config{GiveUp: n.giveUp})
+}
+
+// openCfg is open with a configuration of its own (link, id, key and
+// clock set here).
+func (n *manNet) openCfg(l *capLink, id uint8, key uint32, c Config) *Endpoint {
+	c.Link, c.EndpointID, c.Key, c.Clock = l, id, key, n.clock
+	c.ConnectRetry = 50 * time.Millisecond
+	e, err := Open(c)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -103,11 +110,18 @@ func (n *manNet) restart(e *Endpoint) *Endpoint {
 }
 
 // deliver hands frame f to e's engine as its driver would.
-func (n *manNet) deliver(e *Endpoint, f []byte) {
+func (n *manNet) deliver(e *Endpoint, f []byte) { n.deliverFrame(e, f, true) }
+
+// deliverFrame is deliver, the acks f carries processed at once (settle)
+// or left for later, as after a driver's batch that completed its Wait's
+// request.
+func (n *manNet) deliverFrame(e *Endpoint, f []byte, settle bool) {
 	g := e.eng
 	g.mu.Lock()
 	g.dispatch(f, g.clock.Now())
-	g.settleAcks()
+	if settle {
+		g.settleAcks()
+	}
 	g.flushAndUnlock()
 }
 

@@ -12,43 +12,19 @@ import (
 // wait under way, and the frames waiting in the ring go before the
 // timers that their acks would spare.
 
-// newManNetCfg is newManNet with configurations of a's and b's own,
-// connected a to b.
+// newManNetCfg is newManNet with configurations of a's and b's own
+// (GiveUp 5 s unless given), a connected to b.
 func newManNetCfg(t *testing.T, ca, cb Config) *manNet {
 	n := &manNet{t: t, clock: &ManualClock{}, giveUp: 5 * time.Second}
 	n.clock.Advance(time.Millisecond)
 	ma, mb := xdp.NewPair(xdp.MemConfig{})
 	n.la, n.lb = &capLink{Link: ma}, &capLink{Link: mb}
-	open := func(l *capLink, id uint8, key uint32, c Config) *Endpoint {
-		c.Link, c.EndpointID, c.Key, c.Clock = l, id, key, n.clock
-		c.ConnectRetry = 50 * time.Millisecond
-		e, err := Open(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		e.eng.wantDrive.Add(1) // the background driver stays away
-		l.Wake()
-		for e.eng.bgDriving.Load() {
-			time.Sleep(100 * time.Microsecond)
-		}
-		return e
-	}
-	n.a, n.b = open(n.la, 1, 0xa, ca), open(n.lb, 2, 0xb, cb)
 	t.Cleanup(func() { n.la.Link.Close(); n.lb.Link.Close() })
+	n.a, n.b = n.openCfg(n.la, 1, 0xa, ca), n.openCfg(n.lb, 2, 0xb, cb)
 	ra, _ := n.a.IConnect(n.b.Addr(), 0xb, nil)
 	n.lockstep()
 	mustComplete(t, n.a, ra, Success, "connect")
 	return n
-}
-
-// deliverLeavingAcks hands f to e as a driver's batch that completed its
-// Wait's request does: the acks it carried are left for later (ackq).
-func (n *manNet) deliverLeavingAcks(e *Endpoint, f []byte) {
-	g := e.eng
-	g.mu.Lock()
-	g.dispatch(f, g.clock.Now())
-	g.flushAndUnlock()
 }
 
 // ackLaterSetup sends 8 messages from a through a window of 4, lets b
@@ -75,7 +51,7 @@ func ackLaterSetup(t *testing.T) (n *manNet, sends []Request) {
 	fb := n.lb.take()
 	n.clock.Advance(100 * time.Microsecond)
 	for _, f := range fb {
-		n.deliverLeavingAcks(a, f)
+		n.deliverFrame(a, f, false) // the acks left for later
 	}
 	n.clock.Advance(3 * time.Millisecond)
 	return n, sends
