@@ -447,10 +447,7 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 		// request's next use, or for another goroutine asleep on the
 		// spent handle: pass it on (one too many only wakes a waiter
 		// to look again).
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
+		r.poke()
 	}
 	if err != nil {
 		return st, err
@@ -693,10 +690,7 @@ func (e *Endpoint) Forget(h Request) error {
 	r.gen++
 	r.liveGen.Store(r.gen)
 	if r.waiters.Load() > 0 {
-		select { // a Wait asleep on the handle: it is spent
-		case r.wake <- struct{}{}:
-		default:
-		}
+		r.poke() // a Wait asleep on the handle: it is spent
 	}
 	return nil
 }

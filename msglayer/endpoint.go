@@ -698,10 +698,7 @@ func (e *Endpoint) release(r *request) {
 		// it to find its handle spent. It passes the wake on as it leaves
 		// (Endpoint.Wait), so that none meant for the request's next use
 		// is lost to it.
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
+		r.poke()
 	}
 	e.free = append(e.free, r)
 }
@@ -760,10 +757,7 @@ func (e *Endpoint) complete(r *request, code Code) {
 	}
 	if r.waiters.Load() > 0 {
 		r.signalled = true
-		select {
-		case r.wake <- struct{}{}:
-		default:
-		}
+		r.poke()
 	}
 	// A completion made outside the driver (a receive that matched a
 	// queued message, a same-process send, a cancel) must wake a driver

@@ -921,6 +921,7 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 	// absence (an application working between waits, the background
 	// goroutine's lingerAPI). If there are any, they are handled (the
 	// timers run after them) and the caller polls rather than sleeps.
+	// (driveOnce's receive, inline there: it is the spinning driver's.)
 	var n int
 	if g.visitor != nil {
 		n, _ = g.visitor.RecvVisit(len(g.rxBufs), 0, &g.vis)

@@ -37,6 +37,14 @@ type request struct {
 	waiters atomic.Int32
 }
 
+// poke signals r.wake unless a signal is pending already.
+func (r *request) poke() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
 // requestState is what release clears.
 type requestState struct {
 	gen  uint32
