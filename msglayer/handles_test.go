@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -271,6 +272,20 @@ func TestHandlerPanicGoesOn(t *testing.T) {
 		}
 		return msglayer.Continue
 	}
+	// The handler must run in the Wait's goroutine below: had the
+	// background goroutine run it, it would end the process (as
+	// documented). The message is sent once the Wait drives b's link and
+	// sleeps in it: it holds the drive token until it returns. Only b is
+	// waited on then, so the one API driver to sleep is the Wait. (The
+	// hook is set before, and cleared after, the engines run.)
+	var armed atomic.Bool
+	asleep := make(chan struct{})
+	msglayer.SetSleepHook(func(background bool) {
+		if !background && armed.CompareAndSwap(true, false) {
+			close(asleep)
+		}
+	})
+	t.Cleanup(func() { msglayer.SetSleepHook(nil) })
 	w := memWorld(t, xdp.MemConfig{})
 	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{UnexpectedHandler: h})
 	ctx := ctxFor(t, 20*time.Second)
@@ -279,11 +294,17 @@ func TestHandlerPanicGoesOn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	armed.Store(true)
 	panicked := make(chan any, 1)
 	go func() {
 		defer func() { panicked <- recover() }()
 		b.Wait(ctx, never)
 	}()
+	select {
+	case <-asleep:
+	case <-ctx.Done():
+		t.Fatal("the Wait never slept in the link")
+	}
 	if _, err := a.Isend(b.Addr(), 7, [][]byte{[]byte("seven")}, nil); err != nil {
 		t.Fatal(err)
 	}
