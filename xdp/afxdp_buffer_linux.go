@@ -81,6 +81,26 @@ func (l *AFXDPLink) releaseBuffer(b *Buffer) {
 	}
 }
 
+// BufferSent implements [BufferLink].
+func (l *AFXDPLink) BufferSent(b *Buffer) bool {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if b == nil || b.owner != bufferOwner(l) || l.closed.Load() {
+		return true
+	}
+	l.txMu.Lock()
+	defer l.txMu.Unlock()
+	if b.inflight > 0 {
+		l.reclaim()
+	}
+	if b.inflight > 0 && l.kickTx() == nil {
+		// Frames the kernel refused, or that it has not been asked to
+		// send (need_wakeup): kickTx asks, reaping as it retries.
+		l.reclaim()
+	}
+	return b.inflight == 0
+}
+
 // bufCompleted accounts for a completed descriptor that pointed into the
 // buffer area, at the UMEM frame addr. An address naming no buffer with
 // descriptors in flight can only come from a corrupted ring: ignored.

@@ -30,6 +30,14 @@ type BufferLink interface {
 	// GatherZeroCopy reports whether SendGather sends tails without
 	// copying them (false: they are copied behind the head).
 	GatherZeroCopy() bool
+
+	// BufferSent reports whether the frames sent from b are done with
+	// it: no descriptor handed to the kernel (or the NIC) points into it
+	// any more, so writing into it changes no frame sent before. It
+	// reaps the completions the kernel posted and kicks frames a refused
+	// kick left queued, so that calling it again makes progress without
+	// another send. A closed link, and a buffer it did not lend, are done.
+	BufferSent(b *Buffer) bool
 }
 
 // Gatherer writes the head of frame i of a SendGather call into head (link

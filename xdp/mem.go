@@ -501,6 +501,10 @@ func (l *MemLink) SendTails(n int, t Tailer) (int, error) {
 // GatherZeroCopy implements [BufferLink]: the in-memory link copies.
 func (*MemLink) GatherZeroCopy() bool { return false }
 
+// BufferSent implements [BufferLink]: SendGather copied the tails, so the
+// frames sent from a buffer are done with it when SendGather returns.
+func (*MemLink) BufferSent(*Buffer) bool { return true }
+
 // SendBuilt implements [FrameBuilder]: each frame is built in a frame
 // buffer of the hub's pool, which is queued as it is for its receiver (a
 // broadcast frame is copied for every receiver but the last). Otherwise it

@@ -58,6 +58,9 @@ func testGather(t *testing.T, mk MakePair, opts Options) {
 		t.Fatalf("buffer of %d bytes, asked for %d", buf.Len(), batch*stride)
 	}
 	t.Logf("%s: tails sent without a copy: %v", p.A.Info().Kind, ab.GatherZeroCopy())
+	if !ab.BufferSent(buf) {
+		t.Fatal("BufferSent of a buffer nothing was sent from: false")
+	}
 
 	const run = 30
 	src, dst := p.A.HardwareAddr(), p.B.HardwareAddr()
@@ -86,6 +89,7 @@ func testGather(t *testing.T, mk MakePair, opts Options) {
 		if !opts.Faults && len(seqs) != n {
 			t.Fatalf("batch of %d gathered frames: received %d (%v)", n, len(seqs), seqs)
 		}
+		waitBufferSent(t, ab, buf)
 		g.whole, g.specs = g.whole[:batch], g.specs[:batch]
 	})
 	t.Logf("%d gathered frames of %d..%d bytes sent, %d received intact", sent, xdp.MinFrameLen, maxLen, got)
@@ -96,6 +100,9 @@ func testGather(t *testing.T, mk MakePair, opts Options) {
 		t.Fatal(err)
 	}
 	defer other.Free()
+	if !ab.BufferSent(other) {
+		t.Error("BufferSent of another link's buffer: false")
+	}
 	freed, err := ab.AllocBuffer(64)
 	if err != nil {
 		t.Fatal(err)
@@ -130,4 +137,17 @@ func testGather(t *testing.T, mk MakePair, opts Options) {
 		t.Error("AllocBuffer(0) succeeded")
 	}
 	collect(t, p.B, p.B.(xdp.FrameVisitor), src, run+1, 7, 200*time.Millisecond)
+}
+
+// waitBufferSent fails t unless the link is done with buf within two
+// seconds: every frame sent from it was received, so only the completions
+// may be late.
+func waitBufferSent(t *testing.T, l xdp.BufferLink, buf *xdp.Buffer) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Second); !l.BufferSent(buf); {
+		if time.Now().After(deadline) {
+			t.Fatal("BufferSent still false 2 s after the frames sent from the buffer were received")
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
 }
