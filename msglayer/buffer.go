@@ -7,8 +7,10 @@ package msglayer
 // pull reply is a header built in a transmit frame followed by a span of
 // the buffer, which on a multi-buffer AF_XDP socket is a descriptor of its
 // own, so the CPU never copies the data (a zero-copy NIC reads it from the
-// buffer). Eager messages are still copied into their frames, which the
-// reliability layer keeps for retransmission.
+// buffer). A send that fails completes only once the link is done with
+// the buffer (Endpoint.holdFailed), so that the user's next data never
+// leaves in a reply to it. Eager messages are still copied into their
+// frames, which the reliability layer keeps for retransmission.
 
 import (
 	"errors"

@@ -2,7 +2,10 @@ package msglayer_test
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,5 +144,96 @@ func TestLentBufferFallback(t *testing.T) {
 	}
 	if c := a.Counters(); c.GatheredReplies != 0 {
 		t.Errorf("GatheredReplies = %d without a buffer area", c.GatheredReplies)
+	}
+}
+
+// holdingLink is an in-memory link that keeps its lent buffers in use
+// while holding is set, as a zero-copy NIC slow to complete would, or
+// frames a refused kick left on an AF_XDP ring: BufferSent says no.
+type holdingLink struct {
+	*xdp.MemLink
+	holding atomic.Bool
+	asked   atomic.Int64 // BufferSent calls while holding
+}
+
+func (l *holdingLink) BufferSent(b *xdp.Buffer) bool {
+	if l.holding.Load() {
+		l.asked.Add(1)
+		return false
+	}
+	return l.MemLink.BufferSent(b)
+}
+
+// TestFailedLentSendWaitsForBuffer: a send from a lent buffer that fails
+// (here Disconnect) completes only once the link is done with the buffer,
+// so that data written into it after the completion cannot leave in a
+// pull reply a receiver still takes as the message's. Close does not wait.
+func TestFailedLentSendWaitsForBuffer(t *testing.T) {
+	var links []*holdingLink
+	w := memWorldOf(t, xdp.MemConfig{}, func(l *xdp.MemLink) xdp.Link {
+		h := &holdingLink{MemLink: l}
+		links = append(links, h)
+		return h
+	})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	hold := links[0]
+	ctx := ctxFor(t, 20*time.Second)
+	buf, err := a.AllocBuffer(256 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+
+	send := func(match uint64) msglayer.Request {
+		t.Helper()
+		s, err := a.Isend(b.Addr(), match, [][]byte{buf.Bytes()[:200<<10]}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Probe(ctx, match, ^uint64(0)); err != nil { // its rendezvous record is there
+			t.Fatal(err)
+		}
+		return s
+	}
+	s := send(1)
+	hold.holding.Store(true)
+	a.Disconnect(b.Addr())
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	st, err := a.Wait(short, s)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the failed send completed (%v, %v) while the link still used its buffer", st.Code, err)
+	}
+	if hold.asked.Load() < 2 {
+		t.Errorf("the engine asked the link %d times whether it was done with the buffer; want it to keep asking", hold.asked.Load())
+	}
+	hold.holding.Store(false)
+	st, err = a.Wait(ctx, s)
+	if err == nil || st.Code == msglayer.Success {
+		t.Fatalf("the disconnected send, once the buffer is free: %v, %v; want its failure", st.Code, err)
+	}
+	t.Logf("the send completed with %v once the link let go of the buffer", st.Code)
+
+	// Close completes a held send at once.
+	if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	s = send(2)
+	hold.holding.Store(true)
+	a.Disconnect(b.Addr())
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Wait(ctx, s)
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	a.Close()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("the held send succeeded at Close")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a send held for its buffer did not complete at Close")
 	}
 }

@@ -313,6 +313,10 @@ type Endpoint struct {
 	oooHeld int
 	// +checklocks:eng.mu
 	connects []*request
+	// held are failed sends from lent buffers waiting for the link to be
+	// done with their buffer (holdFailed).
+	// +checklocks:eng.mu
+	held []*request
 	// +checklocks:eng.mu
 	blockedOnSlot bool
 	// +checklocks:eng.mu
@@ -644,6 +648,13 @@ func (e *Endpoint) Close() error {
 	for _, pl := range e.pulls {
 		e.endPull(pl, Closed)
 	}
+	// Sends held for their buffers complete now: Close does not wait for
+	// the link (the README tells to Free such a buffer, not rewrite it).
+	for _, r := range e.held {
+		e.releaseHeld(r)
+	}
+	clear(e.held)
+	e.held = nil
 	g.eps[e.id] = nil
 	if i := slices.Index(g.epList, e); i >= 0 {
 		g.epList = slices.Delete(g.epList, i, i+1)
@@ -720,6 +731,9 @@ func (e *Endpoint) complete(r *request, code Code) {
 		return
 	}
 	if r.zbuf != nil {
+		if code != Success && e.holdFailed(r, code) {
+			return
+		}
 		e.eng.unuse(r.zbuf)
 		r.zbuf = nil
 	}
@@ -763,6 +777,70 @@ func (e *Endpoint) complete(r *request, code Code) {
 	// queued message, a same-process send, a cancel) must wake a driver
 	// asleep in the kernel: it may be the goroutine waiting for it.
 	e.eng.signal()
+}
+
+// heldPoll is how often a failed send held by holdFailed asks the link
+// whether it is done with the send's buffer.
+const heldPoll = int64(100 * time.Microsecond)
+
+// holdFailed holds back the completion of r, a send from a lent buffer
+// failing with code, while the link may still read the buffer: pull
+// replies sent from it can still be queued for the kernel (a refused
+// kick) or being read by a zero-copy NIC. A send that succeeds needs no
+// such wait: its receiver had every reply, and a duplicate left over
+// carries data it discards; but a failed one (Disconnect, GiveUp, Close)
+// would let the user write new data into the buffer that a receiver
+// still pulling could take as the message's. heldTimers completes it once
+// the link is done with the buffer, or at Close. It reports whether r is
+// held; the first failure's code is the one it completes with.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) holdFailed(r *request, code Code) bool {
+	if r.held {
+		return true
+	}
+	if e.closed || r.zbuf.xb == nil || e.eng.gather.BufferSent(r.zbuf.xb) {
+		return false
+	}
+	r.held, r.laterCode = true, code
+	e.held = append(e.held, r)
+	e.armAt(e.eng.readClock() + heldPoll)
+	return true
+}
+
+// heldTimers completes the sends holdFailed held whose buffers the link
+// is done with, and returns when to look again at the others (0: none
+// left).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) heldTimers(now int64) int64 {
+	if len(e.held) == 0 {
+		return 0
+	}
+	kept := e.held[:0]
+	for _, r := range e.held {
+		if e.closed || e.eng.gather.BufferSent(r.zbuf.xb) {
+			e.releaseHeld(r)
+		} else {
+			kept = append(kept, r)
+		}
+	}
+	clear(e.held[len(kept):])
+	e.held = kept
+	if len(kept) == 0 {
+		return 0
+	}
+	return now + heldPoll
+}
+
+// releaseHeld completes r, a send holdFailed held, with its failure.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) releaseHeld(r *request) {
+	r.held = false
+	e.eng.unuse(r.zbuf)
+	r.zbuf = nil
+	e.complete(r, r.laterCode)
 }
 
 // notifyAny tells the goroutines waiting for any completion or arrival
@@ -860,6 +938,9 @@ func (e *Endpoint) runTimers(now int64) {
 	e.dueTimers = due[:0]
 	next := e.timers.next()
 	if t := e.connectTimers(now); t != 0 && (next == 0 || t < next) {
+		next = t
+	}
+	if t := e.heldTimers(now); t != 0 && (next == 0 || t < next) {
 		next = t
 	}
 	e.nextTimer = next

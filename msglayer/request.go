@@ -95,6 +95,9 @@ type requestState struct {
 	// zoff): its pull replies are sent from it without a copy.
 	zbuf *Buffer
 	zoff int
+	// held: the send failed with laterCode, and its completion waits for
+	// the link to be done with zbuf (Endpoint.holdFailed).
+	held bool
 
 	// One-sided operations: the region addressed (Get: the peer's; Put
 	// target: ours) and, for Put, the initiator's record.
