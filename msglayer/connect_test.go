@@ -335,6 +335,27 @@ func TestPullGivesUpOnTime(t *testing.T) {
 	})
 }
 
+// TestConnectNeverGivesUp: with GiveUp "never" (math.MaxInt64), a connect
+// to a peer not up yet keeps trying. Its deadline, the clock plus GiveUp,
+// used to overflow, and the first retry timed it out.
+func TestConnectNeverGivesUp(t *testing.T) {
+	n := newManNet(t, time.Duration(math.MaxInt64))
+	r, err := n.a.IConnect(n.b.Addr(), 0xb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		n.la.take() // the peer is not up yet: lost
+		n.clock.Advance(60 * time.Millisecond)
+		n.timers(n.a)
+		if st, ok, _ := n.a.Test(r); ok {
+			t.Fatalf("a connect with GiveUp %v completed %v", time.Duration(math.MaxInt64), st.Code)
+		}
+	}
+	n.lockstep() // the peer answers the next try
+	mustComplete(t, n.a, r, Success, "the connect, once the peer answers")
+}
+
 // pullGiveUp connects n's endpoints, runs prep (if not nil), has b pull a 40000-byte rendezvous
 // from a whose data never arrives (every other frame does), and steps the
 // clock 5 ms at a time, at most steps times, until b's receive ends. It

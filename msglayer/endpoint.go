@@ -226,12 +226,15 @@ func (c *Config) setDefaults() error {
 	}
 	for _, v := range []struct {
 		name string
-		v    time.Duration
-	}{{"AckDelay", c.AckDelay}, {"InitialRTO", c.InitialRTO}, {"MinRTO", c.MinRTO}, {"MaxRTO", c.MaxRTO},
-		{"GiveUp", c.GiveUp}, {"KeepaliveInterval", c.KeepaliveInterval}, {"ConnectRetry", c.ConnectRetry}} {
-		if v.v < 0 {
-			return &ArgError{Arg: v.name, Err: fmt.Errorf("%v is negative", v.v)}
+		v    *time.Duration
+	}{{"AckDelay", &c.AckDelay}, {"InitialRTO", &c.InitialRTO}, {"MinRTO", &c.MinRTO}, {"MaxRTO", &c.MaxRTO},
+		{"GiveUp", &c.GiveUp}, {"KeepaliveInterval", &c.KeepaliveInterval}, {"ConnectRetry", &c.ConnectRetry}} {
+		if *v.v < 0 {
+			return &ArgError{Arg: v.name, Err: fmt.Errorf("%v is negative", *v.v)}
 		}
+		// Longer is never (math.MaxInt64 says so): a deadline of the
+		// clock plus the duration must not overflow.
+		*v.v = min(*v.v, forever)
 	}
 	if c.MinRTO > c.MaxRTO {
 		if !minRTOGiven {
@@ -778,6 +781,10 @@ func (e *Endpoint) complete(r *request, code Code) {
 	// asleep in the kernel: it may be the goroutine waiting for it.
 	e.eng.signal()
 }
+
+// forever is the longest duration the engine adds to its clock's
+// readings (about 146 years): a Config duration above it is cut to it.
+const forever = time.Duration(1 << 62)
 
 // heldPoll is how often a failed send held by holdFailed asks the link
 // whether it is done with the send's buffer.
