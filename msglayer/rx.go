@@ -180,7 +180,7 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	switch {
 	case p.connected && p.is(x, xgen):
 		// A copy, or another connect of the id we are paired with.
-	case p.connected && p.older(x, xgen):
+	case p.older(x, xgen):
 		e.stats.StaleFrames++ // its sender is gone: nobody waits for the answer
 		return
 	case copied:

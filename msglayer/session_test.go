@@ -704,3 +704,41 @@ func TestReopenWhileStopping(t *testing.T) {
 		t.Errorf("a message from the reopened endpoint: %v", err)
 	}
 }
+
+// TestLateOlderConnectAfterDisconnect: a connect from an older id of the
+// peer's self (here delayed while the peer's connect went again from its
+// next id) arriving after this side disconnected must not connect it
+// again: ids only move forward and a new id sends its pending connects
+// as new ones, so it is a stale copy. The record's knowledge of the
+// newer id used to count only while connected, and the copy paired b
+// with an id a had left.
+func TestLateOlderConnectAfterDisconnect(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	ra, err := a.IConnect(b.Addr(), 0xb, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	late := n.la.take() // the connect from a's first id, held in the network
+	if len(late) != 1 {
+		t.Fatalf("%d frames for one connect", len(late))
+	}
+	a.Disconnect(b.Addr()) // the pending connect goes again, from a's next id
+	n.lockstep()
+	mustComplete(t, a, ra, Success, "a's connect from its next id")
+	b.Disconnect(a.Addr())
+	n.lockstep()
+	staleBefore := b.Counters().StaleFrames
+	n.deliver(b, late[0])
+	n.lockstep()
+	if _, gen, conn := n.ids(b, a); conn {
+		al, _, _ := n.ids(a, b)
+		t.Errorf("a late connect from a's id of generation %d (a is at %d) connected b again after its Disconnect", gen, al)
+	}
+	if b.Counters().StaleFrames == staleBefore {
+		t.Error("the late connect was not counted stale")
+	}
+	if _, err := b.Isend(a.Addr(), 1, [][]byte{[]byte("x")}, nil); !errors.Is(err, ErrNotConnected) {
+		t.Errorf("b's send after its Disconnect: %v, want ErrNotConnected", err)
+	}
+}
