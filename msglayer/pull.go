@@ -422,6 +422,7 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		pl.hint = i
 		rel := ph.offset - b.offset
 		if rel%pl.frameBytes != 0 {
+			e.stats.BadFrames++ // no sender starts a frame there
 			return
 		}
 		bit := uint32(1) << (rel / pl.frameBytes)
@@ -491,6 +492,13 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 			e.endPull(pl, Success)
 		}
 		return
+	}
+	// No block asked for holds it: it belongs to one completed (a copy
+	// that a re-request or a probe asked for), or to none we asked for.
+	if ph.offset < pl.next {
+		e.stats.PullRepliesLate++
+	} else {
+		e.stats.BadFrames++
 	}
 }
 
