@@ -167,7 +167,8 @@ func (l *holdingLink) BufferSent(b *xdp.Buffer) bool {
 // TestFailedLentSendWaitsForBuffer: a send from a lent buffer that fails
 // (here Disconnect) completes only once the link is done with the buffer,
 // so that data written into it after the completion cannot leave in a
-// pull reply a receiver still takes as the message's. Close does not wait.
+// pull reply a receiver still takes as the message's; or after MaxRTO, if
+// the link never is. Close does not wait.
 func TestFailedLentSendWaitsForBuffer(t *testing.T) {
 	var links []*holdingLink
 	w := memWorldOf(t, xdp.MemConfig{}, func(l *xdp.MemLink) xdp.Link {
@@ -175,7 +176,8 @@ func TestFailedLentSendWaitsForBuffer(t *testing.T) {
 		links = append(links, h)
 		return h
 	})
-	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	const maxRTO = 200 * time.Millisecond
+	a, b := w.pair(t, msglayer.Config{MaxRTO: maxRTO}, msglayer.Config{})
 	hold := links[0]
 	ctx := ctxFor(t, 20*time.Second)
 	buf, err := a.AllocBuffer(256 << 10)
@@ -213,6 +215,28 @@ func TestFailedLentSendWaitsForBuffer(t *testing.T) {
 		t.Fatalf("the disconnected send, once the buffer is free: %v, %v; want its failure", st.Code, err)
 	}
 	t.Logf("the send completed with %v once the link let go of the buffer", st.Code)
+	if c := a.Counters(); c.HeldCut != 0 {
+		t.Errorf("HeldCut %d, want 0", c.HeldCut)
+	}
+
+	// A link that never lets go (stopped, or other sends keep the buffer
+	// busy): the failure is told after MaxRTO.
+	if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	s = send(3)
+	hold.holding.Store(true)
+	start := time.Now()
+	a.Disconnect(b.Addr())
+	st, err = a.Wait(ctx, s)
+	took := time.Since(start)
+	if err == nil || st.Code == msglayer.Success || took < maxRTO || took > maxRTO+5*time.Second {
+		t.Errorf("a send held by a link that never lets go: %v, %v after %v; want its failure after MaxRTO %v", st.Code, err, took, maxRTO)
+	}
+	if c := a.Counters(); c.HeldCut != 1 {
+		t.Errorf("HeldCut %d, want 1", c.HeldCut)
+	}
+	hold.holding.Store(false)
 
 	// Close completes a held send at once.
 	if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {

@@ -381,6 +381,7 @@ type Counters struct {
 	RegionRefused       uint64 // region accesses refused (unknown id, wrong key, out of bounds)
 	GatheredReplies     uint64 // pull replies sent from a lent Buffer where it lies
 	BufferFallbacks     uint64 // AllocBuffer calls that got ordinary memory: the link's buffer area was full
+	HeldCut             uint64 // failed sends from lent buffers completed after MaxRTO with the link still sending from the buffer
 }
 
 // Open opens an endpoint.
@@ -795,29 +796,42 @@ const heldPoll = int64(100 * time.Microsecond)
 // replies sent from it can still be queued for the kernel (a refused
 // kick) or being read by a zero-copy NIC. A send that succeeds needs no
 // such wait: its receiver had every reply, and a duplicate left over
-// carries data it discards; but a failed one (Disconnect, GiveUp, Close)
-// would let the user write new data into the buffer that a receiver
-// still pulling could take as the message's. heldTimers completes it once
-// the link is done with the buffer, or at Close. It reports whether r is
-// held; the first failure's code is the one it completes with.
+// carries data it discards; but a failed one (Disconnect, GiveUp) would
+// let the user write new data into the buffer that a receiver still
+// pulling could take as the message's.
+//
+// The link tells whether any frame sent from the buffer is still out,
+// not whether this send's are; the endpoint's timers ask it (every
+// heldPoll while the driver spins, at its next round when it sleeps)
+// and complete r once it says none is (heldTimers), or after MaxRTO:
+// a link that keeps frames longer is broken or stopped (an interface
+// down), or other sends from the buffer keep it busy, and the failure
+// must still be told (HeldCut counts it). Close completes r at once.
+// It reports whether r is held; the first failure's code is the one it
+// completes with.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) holdFailed(r *request, code Code) bool {
 	if r.held {
 		return true
 	}
-	if e.closed || r.zbuf.xb == nil || e.eng.gather.BufferSent(r.zbuf.xb) {
+	g := e.eng
+	if e.closed || r.zbuf.xb == nil || g.gather.BufferSent(r.zbuf.xb) {
 		return false
 	}
-	r.held, r.laterCode = true, code
+	now := g.readClock()
+	r.held, r.laterCode, r.heldEnd = true, code, now+int64(e.cfg.MaxRTO)
 	e.held = append(e.held, r)
-	e.armAt(e.eng.readClock() + heldPoll)
+	e.armAt(now + heldPoll)
+	// A driver asleep in the kernel learns of the timer (a Disconnect,
+	// say, sends no frame that would wake it).
+	g.signal()
 	return true
 }
 
 // heldTimers completes the sends holdFailed held whose buffers the link
-// is done with, and returns when to look again at the others (0: none
-// left).
+// is done with, or whose time is up, and returns when to look again at
+// the others (0: none left).
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) heldTimers(now int64) int64 {
@@ -826,11 +840,15 @@ func (e *Endpoint) heldTimers(now int64) int64 {
 	}
 	kept := e.held[:0]
 	for _, r := range e.held {
-		if e.closed || e.eng.gather.BufferSent(r.zbuf.xb) {
-			e.releaseHeld(r)
-		} else {
+		switch {
+		case e.eng.gather.BufferSent(r.zbuf.xb):
+		case now >= r.heldEnd:
+			e.stats.HeldCut++
+		default:
 			kept = append(kept, r)
+			continue
 		}
+		e.releaseHeld(r)
 	}
 	clear(e.held[len(kept):])
 	e.held = kept

@@ -96,8 +96,10 @@ type requestState struct {
 	zbuf *Buffer
 	zoff int
 	// held: the send failed with laterCode, and its completion waits for
-	// the link to be done with zbuf (Endpoint.holdFailed).
-	held bool
+	// the link to be done with zbuf, until heldEnd at the latest
+	// (Endpoint.holdFailed).
+	held    bool
+	heldEnd int64
 
 	// One-sided operations: the region addressed (Get: the peer's; Put
 	// target: ours) and, for Put, the initiator's record.

@@ -88,7 +88,9 @@ func (l *AFXDPLink) BufferSent(b *Buffer) bool {
 	if b == nil || b.owner != bufferOwner(l) || l.closed.Load() {
 		return true
 	}
-	l.txMu.Lock()
+	if !l.txMu.TryLock() {
+		return false // a send is under way: it reaps, and we ask again
+	}
 	defer l.txMu.Unlock()
 	if b.inflight > 0 {
 		l.reclaim()
