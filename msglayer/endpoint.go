@@ -65,6 +65,14 @@ type Config struct {
 	// (the notifies that complete our sends to it included) wait with it.
 	// Endpoints of this process are not held back by it.
 	MaxUnexpectedRndv int
+	// MaxPeers bounds the records of peers that connect to the endpoint
+	// (default 1024, as Open-MX's peer table; each costs about 20 KiB with
+	// the default window). A connect from a new address at the bound takes
+	// the record of a peer with nothing under way that is disconnected or
+	// was silent for GiveUp (that peer's next frame is answered as from a
+	// stranger: it reconnects), or is refused with Aborted
+	// (PeersRefused). Connects made here are not bounded.
+	MaxPeers          int
 	Window            int // reliable frames in flight per peer, a power of two (default 256)
 	AckDelay          time.Duration
 	AckEvery          int
@@ -189,6 +197,7 @@ func (c *Config) setDefaults() error {
 	def(&c.UnexpectedBytes, 8<<20)
 	def(&c.OutOfOrderBytes, 4<<20)
 	def(&c.MaxUnexpectedRndv, 65536)
+	def(&c.MaxPeers, 1024)
 	def(&c.Window, 256)
 	def(&c.AckEvery, 4)
 	def(&c.PullBlocks, 16)
@@ -207,7 +216,7 @@ func (c *Config) setDefaults() error {
 		name string
 		v    int
 	}{{"RendezvousThreshold", c.RendezvousThreshold}, {"UnexpectedBytes", c.UnexpectedBytes}, {"OutOfOrderBytes", c.OutOfOrderBytes},
-		{"MaxUnexpectedRndv", c.MaxUnexpectedRndv}, {"Window", c.Window}, {"AckEvery", c.AckEvery},
+		{"MaxUnexpectedRndv", c.MaxUnexpectedRndv}, {"MaxPeers", c.MaxPeers}, {"Window", c.Window}, {"AckEvery", c.AckEvery},
 		{"PullBlocks", c.PullBlocks}, {"UMEMBufferBytes", c.UMEMBufferBytes}} {
 		if v.v < 0 {
 			return &ArgError{Arg: v.name, Err: fmt.Errorf("%d is negative", v.v)}
@@ -281,6 +290,10 @@ type Endpoint struct {
 	peers map[Addr]*peer
 	// +checklocks:eng.mu
 	lastPeer *peer // the peer last looked up (peerAt); nil when it left peers
+	// noEvictUntil: a look for an evictable record found none; connects
+	// from new peers are refused until then (roomForPeer).
+	// +checklocks:eng.mu
+	noEvictUntil int64
 	// +checklocks:eng.mu
 	timers timerHeap // peers' and pulls' timers
 	// +checklocks:eng.mu
@@ -374,6 +387,8 @@ type Counters struct {
 	Challenges          uint64 // keepalives asking a connected peer's self whether it lives: a connect (or reply) came from another self
 	BeyondWindow        uint64 // reliable frames too far ahead
 	PeersDead           uint64
+	PeersEvicted        uint64 // idle peers' records given to new peers at MaxPeers
+	PeersRefused        uint64 // connects from new peers refused at MaxPeers
 	Sends, Recvs        uint64
 	Completed           uint64 // the user's requests completed (sends, receives, connects, Gets, Puts), Forgotten ones too
 	Gets, Puts          uint64 // one-sided operations started here
@@ -1049,6 +1064,68 @@ func (e *Endpoint) peerFor(a Addr) *peer {
 		e.peers[a] = p
 	}
 	return p
+}
+
+// evictScanPause is how long, after a look for an evictable record found
+// none, connects from new peers are refused without looking again: a
+// flood of them costs a scan of the records a millisecond, not a frame.
+const evictScanPause = int64(time.Millisecond)
+
+// roomForPeer reports whether a record for a new peer may be made: below
+// MaxPeers, or once an idle record (peer.evictable) is given up, one of a
+// disconnected peer first.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) roomForPeer(now int64) bool {
+	if len(e.peers) < e.cfg.MaxPeers {
+		return true
+	}
+	if now < e.noEvictUntil {
+		return false
+	}
+	var quiet *peer // a connected one silent for GiveUp
+	for _, p := range e.peers {
+		if !p.evictable(now) || e.connecting(p.addr) {
+			continue
+		}
+		if !p.connected {
+			e.evict(p)
+			return true
+		}
+		if quiet == nil {
+			quiet = p
+		}
+	}
+	if quiet != nil {
+		e.evict(quiet)
+		return true
+	}
+	e.noEvictUntil = now + evictScanPause
+	return false
+}
+
+// connecting reports whether a connect of ours to a is pending.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) connecting(a Addr) bool {
+	for _, r := range e.connects {
+		if r.connAddr == a {
+			return true
+		}
+	}
+	return false
+}
+
+// evict forgets p's record: nothing refers to it but the map (evictable).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) evict(p *peer) {
+	delete(e.peers, p.addr)
+	if e.lastPeer == p {
+		e.lastPeer = nil
+	}
+	e.eng.leaveHost(p)
+	e.stats.PeersEvicted++
 }
 
 // checkSegs validates a segment list and returns its total length.

@@ -1229,10 +1229,12 @@ func endpointInvariants(e *Endpoint) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	bytes, rndv, n := 0, 0, 0
+	ofPeer := map[*peer]int{}
 	for c := range e.match.queues {
 		// Bounded: a corrupted (cyclic) list is reported, not walked forever.
 		for u := e.match.queues[c].unexpHead; u != nil && n <= e.match.nUnexp; u = u.next {
 			n++
+			ofPeer[u.src]++
 			if u.rndv {
 				rndv++
 				continue
@@ -1286,6 +1288,9 @@ func endpointInvariants(e *Endpoint) string {
 			if pl.peer == p {
 				pulls++
 			}
+		}
+		if ofPeer[p] != p.unexps {
+			return fmt.Sprintf("peer %v: %d unexpected messages queued, counted %d", a, ofPeer[p], p.unexps)
 		}
 		if rndvs != p.rndvs || pulls != p.pulls {
 			return fmt.Sprintf("peer %v: %d rendezvous and %d pulls, counted %d and %d", a, rndvs, pulls, p.rndvs, p.pulls)

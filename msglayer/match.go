@@ -186,9 +186,15 @@ func (q *matcher) pushUnexp(u *unexp) {
 	}
 	c.unexpTail = u
 	q.nUnexp++
+	if u.src != nil {
+		u.src.unexps++
+	}
 }
 
 func (q *matcher) removeUnexp(u *unexp) {
+	if u.src != nil {
+		u.src.unexps--
+	}
 	c := q.of(u.match)
 	if u.prev != nil {
 		u.prev.next = u.next

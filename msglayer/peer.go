@@ -101,6 +101,7 @@ type peer struct {
 	refusedSeen bool
 	refusedSeq  uint32
 	in          inMsg     // the eager message being reassembled
+	unexps      int       // unexpected messages of the peer queued (unexp.src)
 	pulls       int       // active pulls from this peer
 	host        *hostLoad // what pulls wait for from the peer's host (engine.hosts)
 	rndvs       int       // our rendezvous sends to this peer awaiting notify
@@ -179,7 +180,7 @@ type inMsg struct {
 //
 // +checklocks:e.eng.mu
 func newPeer(e *Endpoint, a Addr) *peer {
-	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.hostOf(a.MAC), localID: e.session}
+	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.joinHost(a.MAC), localID: e.session}
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
 	p.cwnd, p.ssthresh = uint32(len(p.win)), uint32(len(p.win))
@@ -187,6 +188,25 @@ func newPeer(e *Endpoint, a Addr) *peer {
 		p.win[i].peer = p
 	}
 	return p
+}
+
+// evictable reports whether the record may be forgotten for a new peer's
+// (Endpoint.roomForPeer): nothing is under way with the peer (no frame
+// in flight or held, no ack owed, no timer, no pull, rendezvous or
+// unexpected message of its, not a same-process peer), and it is
+// disconnected or was silent for GiveUp. What a forgotten record knew is
+// its ids: a connected peer's next frame is answered as a stranger's
+// (it reconnects), and a late connect of one of its old ids can pair
+// again, as with a peer never seen.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) evictable(now int64) bool {
+	if p.local != nil || p.tm.armed() || p.inAcksDue || p.ackDue != 0 || p.ackQueued ||
+		p.sendHead != nil || p.nextSeq != p.acked || p.oooCount != 0 || p.in.active ||
+		p.pulls != 0 || p.rndvs != 0 || p.waiting || p.unexps != 0 {
+		return false
+	}
+	return !p.connected || now-p.lastHeard >= int64(p.ep.cfg.GiveUp)
 }
 
 // Connection ids. Each side of a connection names it by an id of its own

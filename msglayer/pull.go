@@ -167,18 +167,33 @@ func (e *Endpoint) requestBlocks(pl *pull, now int64) {
 // hostLoad is what the engine's pulls wait for from one host (MAC): the
 // frames they asked it for and have not received, counted in the engine's
 // pull budget too.
-type hostLoad struct{ frames int }
+type hostLoad struct {
+	frames int
+	peers  int // records of the host's endpoints
+}
 
-// hostOf returns the load of host mac.
+// joinHost returns the load of host mac, for a new peer record there.
 //
 // +checklocks:g.mu
-func (g *engine) hostOf(mac [6]byte) *hostLoad {
+func (g *engine) joinHost(mac [6]byte) *hostLoad {
 	h := g.hosts[mac]
 	if h == nil {
 		h = new(hostLoad)
 		g.hosts[mac] = h
 	}
+	h.peers++
 	return h
+}
+
+// leaveHost forgets p's share of its host's load: the host's record goes
+// with its last peer's.
+//
+// +checklocks:g.mu
+func (g *engine) leaveHost(p *peer) {
+	h := p.host
+	if h.peers--; h.peers == 0 && h.frames == 0 {
+		delete(g.hosts, p.addr.MAC)
+	}
 }
 
 // budgetLeft reports whether a pull may ask for a block now: while the

@@ -174,7 +174,15 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 		e.sendConnReply(src, h.srcSession, e.session, 0, connID, BadKey)
 		return
 	}
-	p := e.peerFor(src)
+	p := e.peers[src]
+	if p == nil {
+		if !e.roomForPeer(now) {
+			e.stats.PeersRefused++
+			e.sendConnReply(src, h.srcSession, e.session, 0, connID, Aborted)
+			return
+		}
+		p = e.peerFor(src)
+	}
 	x, xgen := h.srcSession, h.seq
 	copied := p.isCopy(x, connID)
 	switch {

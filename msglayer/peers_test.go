@@ -1,0 +1,102 @@
+package msglayer
+
+import (
+	"testing"
+	"time"
+)
+
+// The tests of this file hold the records of peers that connect to an
+// endpoint to MaxPeers: a flood of connects from new addresses (forged,
+// with the right key) costs bounded memory, idle records are given to new
+// peers, and connections under way are never the ones given up.
+
+// forgeConnect hands b a connect from a new address i (MAC and session
+// made of i), with b's key, and returns the reply b sent.
+func forgeConnect(n *manNet, b *Endpoint, i int) (code Code, replied bool) {
+	g := b.eng
+	src := [6]byte{0x02, 0x11, byte(i >> 16), byte(i >> 8), byte(i), 0}
+	f := make([]byte, 128)
+	h := header{typ: tConnect, dstEP: b.id, srcEP: 1, srcSession: uint32(i)<<8 | 1}
+	th := putHeader(f, &g.mac, &src, g.ethType, &h)
+	putConnect(th, b.cfg.Key, 1, 1500)
+	n.deliver(b, padded(f, tConnect, 0))
+	for _, r := range n.lb.take() {
+		rh, err := decodeHeader(r)
+		if err != nil || rh.typ != tConnectReply || [6]byte(r[0:6]) != src {
+			continue
+		}
+		rt, _ := typeHdr(r, &rh)
+		_, code, _ = getConnReply(rt)
+		return code, true
+	}
+	return 0, false
+}
+
+func TestPeerRecordsBounded(t *testing.T) {
+	const maxPeers = 8
+	n := newManNetCfg(t, Config{}, Config{MaxPeers: maxPeers})
+	a, b := n.a, n.b
+	g := b.eng
+	records := func() (peers, hosts int) {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(b.peers), len(g.hosts)
+	}
+
+	// a's record is one; the flood fills the rest and is refused beyond.
+	const flood = 200
+	for i := range flood {
+		code, ok := forgeConnect(n, b, i+1)
+		if want := Success; i >= maxPeers-1 {
+			want = Aborted
+			if !ok || code != want {
+				t.Fatalf("connect %d from a new address at MaxPeers: reply %v (%v), want %v", i, code, ok, want)
+			}
+		} else if !ok || code != want {
+			t.Fatalf("connect %d from a new address below MaxPeers: reply %v (%v), want %v", i, code, ok, want)
+		}
+	}
+	if p, h := records(); p != maxPeers || h > maxPeers {
+		t.Errorf("after %d connects from new addresses: %d peer records, %d host records; want %d, at most %d", flood, p, h, maxPeers, maxPeers)
+	}
+	c := b.Counters()
+	if c.PeersRefused != flood-(maxPeers-1) || c.PeersEvicted != 0 {
+		t.Errorf("PeersRefused %d, PeersEvicted %d; want %d, 0", c.PeersRefused, c.PeersEvicted, flood-(maxPeers-1))
+	}
+	// a, heard recently, is not given up, and messages go both ways.
+	n.exchange(a, b, 1)
+	n.exchange(b, a, 2)
+
+	// A disconnected record is given to a new peer at once (after the
+	// pause that follows a look that found none).
+	n.clock.Advance(2 * time.Millisecond)
+	gone := Addr{MAC: [6]byte{0x02, 0x11, 0, 0, 3, 0}, EP: 1}
+	b.Disconnect(gone)
+	n.lb.take()
+	if code, ok := forgeConnect(n, b, 1000); !ok || code != Success {
+		t.Fatalf("a connect with a disconnected record to give: reply %v (%v), want success", code, ok)
+	}
+	g.mu.Lock()
+	_, kept := b.peers[gone]
+	g.mu.Unlock()
+	if kept || b.Counters().PeersEvicted != 1 {
+		t.Errorf("the disconnected record kept %v, PeersEvicted %d; want it given up, 1", kept, b.Counters().PeersEvicted)
+	}
+
+	// Peers silent for GiveUp are given up too; a, which keeps talking,
+	// is not.
+	n.clock.Advance(n.giveUp)
+	n.exchange(a, b, 3)
+	for i := range maxPeers - 1 {
+		if code, ok := forgeConnect(n, b, 2000+i); !ok || code != Success {
+			t.Fatalf("connect %d with records silent for GiveUp to give: reply %v (%v), want success", i, code, ok)
+		}
+	}
+	if code, _ := forgeConnect(n, b, 3000); code != Aborted {
+		t.Errorf("a connect once only fresh records are left: %v, want aborted", code)
+	}
+	n.exchange(a, b, 4)
+	if p, h := records(); p != maxPeers || h > maxPeers {
+		t.Errorf("%d peer records, %d host records; want %d, at most %d", p, h, maxPeers, maxPeers)
+	}
+}
