@@ -338,9 +338,15 @@ func (g *Registry) Deregister(r *Region) error {
 	return opErr(ErrNoRegion, "deregister region %#x: already deregistered", r.id)
 }
 
+// testHookTeardown, when set by a test, runs at the start of teardown.
+var testHookTeardown func(*Region)
+
 // teardown unpublishes r (whose state its caller moved off stLive), frees
 // its slot, waits for holds to drain and unlocks its pages.
 func (g *Registry) teardown(r *Region, invalidation bool) {
+	if testHookTeardown != nil {
+		testHookTeardown(r)
+	}
 	slot := r.id & (maxSlots - 1)
 	g.mu.Lock()
 	if c := g.chunks[slot/chunkSize].Load(); c != nil && c[slot%chunkSize].Load() == r {
@@ -373,15 +379,25 @@ func (g *Registry) teardown(r *Region, invalidation bool) {
 // waitTeardowns waits until no teardown of a region overlapping [lo, hi)
 // is under way: Unmap calls it after invalidating the range, so that a
 // teardown another goroutine started (Deregister, an eviction) has let
-// its last hold go and unlocked its pages before the memory goes.
+// its last hold go and unlocked its pages before the memory goes. A
+// teardown is under way from the moment its region leaves stLive: before
+// teardown takes g.mu, the region is still published but not live (and
+// invalidateRange passes it by), then it is in tearing.
 func (g *Registry) waitTeardowns(lo, hi uintptr) {
+	in := func(r *Region) bool { return r.base < hi && r.end > lo && len(r.buf) > 0 }
 	for i := 0; ; i++ {
 		busy := false
 		g.mu.Lock()
 		for r := range g.tearing {
-			if r.base < hi && r.end > lo && len(r.buf) > 0 {
+			if in(r) {
 				busy = true
 				break
+			}
+		}
+		for s := 0; s < len(g.gens) && !busy; s++ {
+			if c := g.chunks[s/chunkSize].Load(); c != nil {
+				r := c[s%chunkSize].Load()
+				busy = r != nil && r.state.Load() != stLive && in(r)
 			}
 		}
 		g.mu.Unlock()

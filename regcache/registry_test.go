@@ -5,6 +5,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -271,5 +272,58 @@ func TestRegisterErrorMessage(t *testing.T) {
 	}
 	if lockedBytes() != 0 {
 		t.Fatal("counts left after a failed mlock")
+	}
+}
+
+// TestUnmapWaitsForStartedTeardown: Unmap of memory whose region another
+// goroutine has begun to deregister (its state left stLive, teardown not
+// yet under way) waits for that teardown, and so for a Hold still on the
+// region. It used to see the region neither live nor tearing, and to
+// unmap the memory under the holder's copy.
+func TestUnmapWaitsForStartedTeardown(t *testing.T) {
+	needMlock(t, 64<<10)
+	mem, err := Map(4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := newRegistry(t)
+	r, err := g.Register(mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, held, err := g.Hold(r.ID(), r.Key(), 0, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, release := make(chan struct{}), make(chan struct{})
+	testHookTeardown = func(*Region) { close(entered); <-release }
+	defer func() { testHookTeardown = nil }()
+	deregistered := make(chan error, 1)
+	go func() { deregistered <- g.Deregister(r) }()
+	<-entered
+	testHookTeardown = nil
+	unmapped := make(chan error, 1)
+	go func() { unmapped <- Unmap(mem) }()
+	select {
+	case err := <-unmapped:
+		t.Fatalf("Unmap returned (%v) while a Hold on a region in the memory was out", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case err := <-unmapped:
+		t.Fatalf("Unmap returned (%v) before the Hold ended", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	held.Unhold()
+	for name, c := range map[string]chan error{"Deregister": deregistered, "Unmap": unmapped} {
+		select {
+		case err := <-c:
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s did not return after the Hold ended", name)
+		}
 	}
 }
