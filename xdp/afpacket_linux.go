@@ -183,6 +183,9 @@ func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
 	if err != nil {
 		return fail("lookup interface", err)
 	}
+	if len(ifi.HardwareAddr) != 6 {
+		return fail("open afpacket", ErrNotEthernet)
+	}
 
 	fd, err := unix.Socket(unix.AF_PACKET,
 		unix.SOCK_RAW|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, int(htons(et)))
@@ -333,6 +336,10 @@ func drainSocket(fd int) error {
 		_, _, err := unix.Recvfrom(fd, b[:], unix.MSG_DONTWAIT|unix.MSG_TRUNC)
 		switch err {
 		case nil, unix.EINTR:
+		case unix.ENETDOWN:
+			// Bound to an interface that is down: the kernel noted it as
+			// the socket's pending error, which this read cleared. The
+			// socket works once the interface is up (see Recv).
 		case unix.EAGAIN:
 			return nil
 		default:

@@ -279,6 +279,44 @@ func TestAFPacketOpenErrors(t *testing.T) {
 	if _, err := OpenAFPacket(AFPacketConfig{Interface: "lo", Batch: -1}); err == nil {
 		t.Error("OpenAFPacket with a negative batch succeeded")
 	}
+	// Loopback has no hardware address: nothing could be sent to it.
+	if _, err := OpenAFPacket(AFPacketConfig{Interface: "lo"}); !errors.Is(err, ErrNotEthernet) || !errors.As(err, &oe) || oe.Interface != "lo" {
+		t.Errorf("OpenAFPacket on lo = %v, want ErrNotEthernet naming it", err)
+	}
+	if _, err := OpenAFXDP(AFXDPConfig{Interface: "lo"}); !errors.Is(err, ErrNotEthernet) {
+		t.Errorf("OpenAFXDP on lo = %v, want ErrNotEthernet", err)
+	}
+}
+
+// TestAFPacketOpenWhileDown opens a link on an interface that is down
+// (bind leaves ENETDOWN as the socket's pending error, which the open's
+// drain reads): the open succeeds, and frames flow once it is up.
+func TestAFPacketOpenWhileDown(t *testing.T) {
+	lab := newPktLab(t)
+	if err := pktIP("-n", lab.nsA, "link", "set", "eth0", "down"); err != nil {
+		t.Fatal(err)
+	}
+	a := lab.open(t, lab.nsA, AFPacketConfig{})
+	b := lab.open(t, lab.nsB, AFPacketConfig{})
+	if err := pktIP("-n", lab.nsA, "link", "set", "eth0", "up"); err != nil {
+		t.Fatal(err)
+	}
+	lab.waitUp(t, lab.nsA)
+	lab.waitUp(t, lab.nsB)
+	bufs, sizes := pktBufs(4, 2048)
+	for _, c := range []struct{ from, to *AFPacketLink }{{a, b}, {b, a}} {
+		f := pktFrame(make([]byte, 100), c.to.HardwareAddr(), c.from.HardwareAddr(), DefaultEtherType, 0, 100)
+		if _, err := c.from.Send([][]byte{f}); err != nil {
+			t.Fatalf("Send once up = %v", err)
+		}
+		k, err := c.to.Recv(bufs, sizes, time.Second)
+		for err != nil && errors.Is(err, unix.ENETDOWN) { // reported once, if the open did not read it
+			k, err = c.to.Recv(bufs, sizes, time.Second)
+		}
+		if k != 1 || err != nil {
+			t.Fatalf("Recv once up = %d, %v", k, err)
+		}
+	}
 }
 
 func TestAFPacketInfo(t *testing.T) {

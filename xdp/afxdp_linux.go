@@ -309,6 +309,9 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	}
 	bufFrames := (cfg.BufferBytes + cfg.FrameSize - 1) / cfg.FrameSize
 	ifi, err := net.InterfaceByName(cfg.Interface)
+	if err == nil && len(ifi.HardwareAddr) != 6 {
+		err = ErrNotEthernet
+	}
 	if err != nil {
 		return nil, &OpError{Op: "open AF_XDP", Interface: cfg.Interface, Err: err}
 	}

@@ -315,6 +315,9 @@ var (
 	ErrFrameTooShort = errors.New("frame shorter than an Ethernet header")
 	// ErrNotSupported: the kernel or the interface lacks the feature.
 	ErrNotSupported = errors.New("not supported")
+	// ErrNotEthernet: the interface has no 6-byte hardware address
+	// (loopback, a tun device): no peer could address frames to it.
+	ErrNotEthernet = errors.New("not an Ethernet interface: no 6-byte hardware address")
 	// ErrQueueBusy: another AF_XDP socket (of another process) is bound
 	// to the queue. Its steering program takes every frame of the
 	// EtherType there, so no other socket of this host would receive.
