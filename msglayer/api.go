@@ -129,6 +129,10 @@ func (e *Endpoint) connectTimers(now int64) int64 {
 func (e *Endpoint) Disconnect(a Addr) {
 	g := e.eng
 	g.mu.Lock()
+	if e.closed {
+		g.mu.Unlock() // Close forgot every peer
+		return
+	}
 	if p := e.peers[a]; p != nil {
 		if p.local == nil && p.connected {
 			p.sendCtl(tDisconnect, 0, nil)

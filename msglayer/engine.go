@@ -1158,11 +1158,14 @@ func (g *engine) onHost(f []byte, h *header) {
 	case tHostReply:
 		// An answer comes from a NIC: a zero or group source address is
 		// no answer.
+		// The first answer is the one every Resolve sharing the query
+		// gets: a later one (a second host of the name, a spoofer) does
+		// not change it under them.
 		if q := g.hostReplies[string(name)]; q != nil && [6]byte(f[6:12]) != ([6]byte{}) && f[6]&1 == 0 {
-			copy(q.mac[:], f[6:12])
 			select {
 			case <-q.answered: // answered before (the lock makes one closer)
 			default:
+				copy(q.mac[:], f[6:12])
 				close(q.answered)
 			}
 		}

@@ -100,3 +100,34 @@ func TestPeerRecordsBounded(t *testing.T) {
 		t.Errorf("%d peer records, %d host records; want %d, at most %d", p, h, maxPeers, maxPeers)
 	}
 }
+
+// TestFirstHostReplyWins: the Resolves sharing a host query all get its
+// first answer; a later one (a second host of the name, a spoofer) does
+// not change it under them.
+func TestFirstHostReplyWins(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	g := n.b.eng
+	q := &hostQuery{answered: make(chan struct{})}
+	g.mu.Lock()
+	g.hostReplies["hosta"] = q
+	g.mu.Unlock()
+	for _, src := range [][6]byte{{0x02, 0, 0, 0, 0, 0xa1}, {0x02, 0, 0, 0, 0, 0xa2}} {
+		f := make([]byte, 128)
+		h := header{typ: tHostReply, dstEP: n.b.id, payloadLen: len("hosta")}
+		p := putHeader(f, &g.mac, &src, g.ethType, &h)
+		copy(p, "hosta")
+		n.deliver(n.b, padded(f, tHostReply, len("hosta")))
+	}
+	g.mu.Lock()
+	got := q.mac
+	delete(g.hostReplies, "hosta")
+	g.mu.Unlock()
+	select {
+	case <-q.answered:
+	default:
+		t.Fatal("the query was not answered")
+	}
+	if want := [6]byte{0x02, 0, 0, 0, 0, 0xa1}; got != want {
+		t.Errorf("the query's answer is %x, want the first reply's %x", got, want)
+	}
+}
