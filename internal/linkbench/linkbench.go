@@ -30,11 +30,18 @@ type PingPongResult struct {
 	Lost int             // round trips that timed out
 }
 
+// MaxRoundTrips bounds PingPong's n and warmup: the round trips measured
+// are kept (8 bytes each), and warmup+n does not overflow.
+const MaxRoundTrips = 1 << 26
+
 // PingPong sends n size-byte frames from a to b one at a time (after warmup
 // unmeasured ones); b echoes each back. It returns the round trips.
 func PingPong(a, b xdp.Link, size, warmup, n int) (PingPongResult, error) {
 	if size < xdp.MinFrameLen || size > xdp.MaxFrameLen(a) {
 		return PingPongResult{}, fmt.Errorf("linkbench: ping-pong frame size %d out of [%d, %d]", size, xdp.MinFrameLen, xdp.MaxFrameLen(a))
+	}
+	if n < 1 || n > MaxRoundTrips || warmup < 0 || warmup > MaxRoundTrips {
+		return PingPongResult{}, fmt.Errorf("linkbench: ping-pong of %d round trips after %d warm-up ones: want 1..%d and 0..%d", n, warmup, MaxRoundTrips, MaxRoundTrips)
 	}
 	var stop atomic.Bool
 	echoErr := make(chan error, 1)
@@ -135,6 +142,10 @@ func (r StreamResult) FramesPerSec() float64 {
 func Stream(a, b xdp.Link, size int, dur time.Duration, maxFrames int) (StreamResult, error) {
 	if size < xdp.MinFrameLen || size > xdp.MaxFrameLen(a) {
 		return StreamResult{}, fmt.Errorf("linkbench: stream frame size %d out of [%d, %d]", size, xdp.MinFrameLen, xdp.MaxFrameLen(a))
+	}
+	if maxFrames < 1 || dur <= 0 {
+		// A negative count would slice the send batch below 0.
+		return StreamResult{}, fmt.Errorf("linkbench: stream of at most %d frames for %v: want a positive count and duration", maxFrames, dur)
 	}
 	const batch = 64
 	var res StreamResult
