@@ -62,6 +62,14 @@ type benchRow struct {
 	rates []float64
 }
 
+// maxLinkRounds and maxStreamTime bound -rounds and -stream-time, so
+// that a run ends in a bounded time: every round opens each system's
+// links and streams for -stream-time.
+const (
+	maxLinkRounds = 1000
+	maxStreamTime = time.Hour
+)
+
 func runLinkBench(args []string) error {
 	fs := flag.NewFlagSet("linkbench", flag.ContinueOnError)
 	fs.Usage = func() {
@@ -102,14 +110,19 @@ full-size frames (frames/s) received.
 			return fmt.Errorf("%w: %s %d: must be positive", errUsage, c.name, c.v)
 		}
 	}
-	if *warmup < 0 {
-		return fmt.Errorf("%w: -warmup %d: must not be negative", errUsage, *warmup)
+	// The bounds of xmx pingpong: the round trips of every round are kept
+	// (8 bytes each) until the report.
+	if *n > maxIters || *warmup < 0 || *warmup > maxIters {
+		return fmt.Errorf("%w: -n %d -warmup %d: want 1 <= n <= %d and 0 <= warmup <= %d", errUsage, *n, *warmup, maxIters, maxIters)
+	}
+	if *rounds > maxLinkRounds || *rounds*(*n) > maxIters {
+		return fmt.Errorf("%w: -rounds %d -n %d: want at most %d rounds and %d round trips in all (rounds × n)", errUsage, *rounds, *n, maxLinkRounds, maxIters)
 	}
 	if *mtu < 68 || *mtu > 65535 {
 		return fmt.Errorf("%w: -mtu %d: want 68..65535 (veth's range)", errUsage, *mtu)
 	}
-	if *streamTime <= 0 {
-		return fmt.Errorf("%w: -stream-time %v: must be positive", errUsage, *streamTime)
+	if *streamTime <= 0 || *streamTime > maxStreamTime {
+		return fmt.Errorf("%w: -stream-time %v: want a positive duration up to %v", errUsage, *streamTime, maxStreamTime)
 	}
 	chosen, err := pickSystems(*systems)
 	if err != nil {
