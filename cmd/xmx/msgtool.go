@@ -528,12 +528,20 @@ func bye(e *msglayer.Endpoint, to msglayer.Addr) {
 	sendWait(ctx, e, to, match(kindBye, 0), nil)
 }
 
+// maxSizes bounds the sizes of a list or sweep: each size is a
+// measurement of its own.
+const maxSizes = 1000
+
 // parseSizes reads a size list ("0,8,1k,64k") or a sweep (start, end,
-// multiplier).
+// multiplier), of at most maxSizes sizes.
 func parseSizes(list string, start, end int, mult float64) ([]int, error) {
 	if list != "" {
+		parts := strings.Split(list, ",")
+		if len(parts) > maxSizes {
+			return nil, fmt.Errorf("%w: -sizes: %d sizes, want at most %d", errUsage, len(parts), maxSizes)
+		}
 		var out []int
-		for _, s := range strings.Split(list, ",") {
+		for _, s := range parts {
 			n, err := parseSize(strings.TrimSpace(s))
 			if err != nil {
 				return nil, fmt.Errorf("%w: -sizes: %v", errUsage, err)
@@ -550,6 +558,9 @@ func parseSizes(list string, start, end int, mult float64) ([]int, error) {
 	}
 	var out []int
 	for s := start; s <= end; {
+		if len(out) == maxSizes {
+			return nil, fmt.Errorf("%w: -start %d -end %d -mult %g: more than %d sizes: raise -mult or narrow -start..-end", errUsage, start, end, mult, maxSizes)
+		}
 		out = append(out, s)
 		next := s + 1
 		if f := float64(s) * mult; f > float64(next) {

@@ -46,12 +46,20 @@ func TestParseSizes(t *testing.T) {
 	if err != nil || len(got) != 1 {
 		t.Fatalf("sweep with a huge step: %v, %v", got, err)
 	}
+	// At most maxSizes sizes, a list or a sweep (steps of 1 below 10000).
+	if got, err = parseSizes(strings.Repeat("8,", maxSizes-1)+"8", 0, 0, 2); err != nil || len(got) != maxSizes {
+		t.Fatalf("a list of %d sizes: %d, %v", maxSizes, len(got), err)
+	}
+	if got, err = parseSizes("", 0, maxSizes-1, 1.0001); err != nil || len(got) != maxSizes {
+		t.Fatalf("a sweep of %d sizes: %d, %v", maxSizes, len(got), err)
+	}
 	for _, bad := range []struct {
 		list       string
 		start, end int
 		mult       float64
 	}{{"8,x", 0, 0, 2}, {"-1", 0, 0, 2}, {"", 10, 5, 2}, {"", 0, 10, 1}, {"", 0, 10, math.NaN()},
-		{"", 0, 10, math.Inf(1)}, {"", 1, math.MaxInt, 2}, {"", 0, 1 << 40, 2}, {"8000000k", 0, 0, 2}, {"4G", 0, 0, 2}} {
+		{"", 0, 10, math.Inf(1)}, {"", 1, math.MaxInt, 2}, {"", 0, 1 << 40, 2}, {"8000000k", 0, 0, 2}, {"4G", 0, 0, 2},
+		{"", 0, 1<<32 - 1, 1.000001}, {"", 0, maxSizes, 1.0001}, {strings.Repeat("8,", maxSizes) + "8", 0, 0, 2}} {
 		if _, err := parseSizes(bad.list, bad.start, bad.end, bad.mult); !errors.Is(err, errUsage) {
 			t.Errorf("parseSizes(%+v) = %v, want a usage error", bad, err)
 		}
@@ -100,6 +108,8 @@ func TestArgErrors(t *testing.T) {
 		{runPingPong, []string{"-warmup", "9223372036854775807"}, "-warmup"},
 		{runPingPong, []string{"-timeout", "0s"}, "-timeout"},
 		{runPingPong, []string{"-mult", "NaN"}, "-mult"},
+		{runPingPong, []string{"-start", "0", "-end", "4095M", "-mult", "1.000001"}, "-mult"},
+		{runStream, []string{"-sizes", strings.Repeat("1k,", 1000) + "1k"}, "-sizes"},
 		{runLinkBench, []string{"-mtu", "0"}, "-mtu"},
 		{runLinkBench, []string{"-stream-time", "0s"}, "-stream-time"},
 		{runPingPong, []string{"-e", "300"}, "-e"},
