@@ -31,6 +31,9 @@ with a large enough RLIMIT_MEMLOCK.
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q", errUsage, fs.Arg(0))
+	}
 	var list []int
 	if *sizes != "" {
 		var err error

@@ -145,6 +145,10 @@ func TestArgErrors(t *testing.T) {
 		{runStream, []string{"-warmup", "-1"}, "-warmup"},
 		{runInfo, []string{"-bogus"}, "-bogus"},
 		{runRegBench, []string{"-time", "soon"}, "-time"},
+		// A stray argument is refused first (with -time 0s, lest the
+		// benchmark run where it is not).
+		{runRegBench, []string{"-time", "0s", "extra"}, `unexpected argument "extra"`},
+		{runLinkBench, []string{"-n", "0", "extra"}, `unexpected argument "extra"`},
 	}
 	for _, c := range cases {
 		err := c.run(c.args)
