@@ -271,6 +271,11 @@ estimate of the data they sent more than once.
 		if c.ef.umemGather, err = umemGatherFlag(fs, c.umem, *umemGather); err != nil {
 			return nil, err
 		}
+		if c.umem && c.size < 1 {
+			// A lent buffer has at least a byte: refused here rather than
+			// once every endpoint is open and connected.
+			return nil, bad("-umem -size %d: a buffer lent from the UMEM has at least 1 byte", c.size)
+		}
 		if c.umem {
 			// One buffer area per link, shared by the process's endpoints;
 			// each buffer takes whole UMEM frames.

@@ -46,6 +46,7 @@ func TestManyClientsFlagErrors(t *testing.T) {
 		{[]string{"-role", "clients", "-peer", "h1", "-umem-gather", "copy"}, "only with -umem"},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-umem-gather", "some"}, `-umem-gather "some"`},
 		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-n", "255", "-size", "16M"}, "more than 1 GiB"},
+		{[]string{"-role", "clients", "-peer", "h1", "-umem", "-size", "0"}, "-umem -size 0"},
 	} {
 		_, err := parseManyClients(tc.args, io.Discard)
 		if err == nil {
