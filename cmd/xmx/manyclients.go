@@ -57,6 +57,9 @@ const (
 	// msglayer's defaults for the bounds left at 0 (Config.setDefaults).
 	mcDefaultUnexpected = 8 << 20
 	mcDefaultRndv       = 32 << 10
+	// mcMaxRecvBytes bounds the server's receive buffers, -recvs times
+	// -max-size.
+	mcMaxRecvBytes = 1 << 30
 )
 
 // mcMatch is the match info of the clients' messages: the sending
@@ -175,7 +178,7 @@ estimate of the data they sent more than once.
 	fs.DurationVar(&c.duration, "duration", 0, "clients: how long to send (default 3s); server: longest it runs (default 10m)")
 	size := fs.String("size", "64k", "clients: message size (e.g. 64k)")
 	fs.IntVar(&c.window, "window", 2, "clients: sends in flight per endpoint (1..256)")
-	fs.IntVar(&c.recvs, "recvs", 64, "server: receives kept posted (1..4096)")
+	fs.IntVar(&c.recvs, "recvs", 64, "server: receives kept posted (1..4096, and at most 1 GiB of buffers with -max-size)")
 	maxSize := fs.String("max-size", "64k", "server: size of each receive buffer; longer messages are truncated")
 	fs.IntVar(&c.maxMsgs, "max-msgs", 10_000_000, "bound on messages (per client endpoint; at the server in total)")
 	startAt := fs.String("start-at", "", "clients: Unix time (seconds, fractions allowed) to start sending at, to start several processes together")
@@ -237,6 +240,10 @@ estimate of the data they sent more than once.
 		}
 		if c.recvs < 1 || c.recvs > 4096 {
 			return nil, bad("-recvs %d: want 1..4096", c.recvs)
+		}
+		// The receive buffers are made at once, all of them.
+		if c.recvs*c.recvSize > mcMaxRecvBytes {
+			return nil, bad("-recvs %d -max-size %s: %d receive buffers of %d bytes: more than 1 GiB", c.recvs, *maxSize, c.recvs, c.recvSize)
 		}
 		if c.sample <= 0 {
 			return nil, bad("-sample %v: must be positive", c.sample)

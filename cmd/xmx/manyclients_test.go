@@ -37,6 +37,8 @@ func TestManyClientsFlagErrors(t *testing.T) {
 		{[]string{"-role", "clients", "-peer", "h1", "-recvs", "8"}, "-recvs is a server flag"},
 		{[]string{"-role", "server", "-peer", "h1"}, "-peer is a clients flag"},
 		{[]string{"-role", "server", "-recvs", "0"}, "-recvs 0"},
+		{[]string{"-role", "server", "-recvs", "4096", "-max-size", "16M"}, "-recvs 4096 -max-size 16M"},
+		{[]string{"-role", "server", "-recvs", "65", "-max-size", "16M"}, "more than 1 GiB"},
 		{[]string{"-role", "server", "-recv-budget", "-2"}, "-recv-budget -2"},
 		{[]string{"-role", "server", "-e", "300"}, "-e 300"},
 		{[]string{"-role", "server", "extra"}, "unexpected arguments"},
@@ -81,6 +83,10 @@ func TestManyClientsFlagDefaults(t *testing.T) {
 	}
 	if got := c.startAt.UnixMilli(); got != 1700000000500 {
 		t.Errorf("-start-at: %d ms, want 1700000000500", got)
+	}
+	// 64 receives of 16 MiB: 1 GiB, the most.
+	if _, err := parseManyClients([]string{"-role", "server", "-recvs", "64", "-max-size", "16M"}, io.Discard); err != nil {
+		t.Errorf("-recvs 64 -max-size 16M: %v", err)
 	}
 	s, err := parseManyClients([]string{"-role", "server", "-recvs", "16", "-max-size", "1M"}, io.Discard)
 	if err != nil {
