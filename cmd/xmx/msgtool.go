@@ -280,8 +280,9 @@ func (f *endpointFlags) connect(e *msglayer.Endpoint, peer string) (msglayer.Add
 }
 
 // serve runs the server side of pingpong and stream until interrupted (or
-// once one client said bye, with once).
-func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
+// once one client said bye, with once). It takes messages of up to
+// maxSize bytes and keeps at most maxRecvBytes of receives posted.
+func serve(e *msglayer.Endpoint, maxSize, maxRecvBytes int, once bool, log io.Writer) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	info, _ := e.LinkInfo()
@@ -289,53 +290,17 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 
 	type stream struct{ msgs, bytes uint64 }
 	streams := map[msglayer.Addr]*stream{}
-	grp := e.NewGroup()
-	var bufs [][]byte
-	var reqs []msglayer.Request
-	size := 64 << 10 // the buffer size of every posted receive
-	post := func(i int) error {
-		if len(bufs[i]) < size {
-			bufs[i] = make([]byte, size)
-		}
-		r, err := grp.Irecv(0, 0, [][]byte{bufs[i]}, i)
-		reqs[i] = r
-		return err
-	}
-	// grow makes sure n receives of at least want bytes are posted.
-	grow := func(n, want int) error {
-		want = min(max(want, 64), maxSize)
-		if want > size {
-			size = want
-			// Receives posted with smaller buffers are taken back and
-			// posted again; the one that just completed is reposted by
-			// the loop.
-			for i := range bufs {
-				if ok, _ := e.Cancel(reqs[i]); ok {
-					if err := post(i); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		for len(bufs) < n {
-			bufs = append(bufs, nil)
-			reqs = append(reqs, msglayer.Request{})
-			if err := post(len(bufs) - 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := grow(4, size); err != nil {
+	pool := &recvPool{e: e, grp: e.NewGroup(), size: 64 << 10, maxSize: maxSize, budget: maxRecvBytes}
+	if err := pool.grow(4, pool.size); err != nil {
 		return err
 	}
 	reply := make([]byte, 16)
 	for {
-		st, err := grp.Wait(ctx)
+		st, err := pool.grp.Wait(ctx)
 		if errors.Is(err, context.Canceled) {
 			return nil
 		}
-		i, isRecv := st.Context.(int)
+		slot, isRecv := st.Context.(*recvSlot)
 		if isRecv && st.Code == msglayer.Cancelled {
 			continue // a receive grow took back
 		}
@@ -348,7 +313,7 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 		if !isRecv {
 			continue // a send of ours
 		}
-		kind, data := st.Match>>kindShift, bufs[i][:st.XferLen]
+		kind, data := st.Match>>kindShift, slot.buf[:st.XferLen]
 		switch kind {
 		case kindHello:
 			want, window := 64<<10, 1
@@ -356,17 +321,16 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 				want = int(binary.BigEndian.Uint32(data[0:]))
 				window = int(binary.BigEndian.Uint32(data[4:]))
 			}
-			if want > maxSize {
-				fmt.Fprintf(log, "xmx server: %v asks for %d-byte messages, above -max-size %d: refused\n", st.Source, want, maxSize)
-			}
-			if err := grow(min(window, 256)+4, want); err != nil {
+			ack, refused, err := pool.admit(want, window)
+			if err != nil {
 				return err
 			}
-			streams[st.Source] = &stream{}
-			// The answer carries -max-size: the client refuses larger
-			// sizes before it sends them.
-			binary.BigEndian.PutUint64(reply[0:], uint64(maxSize))
-			if err := sendWait(ctx, e, st.Source, match(kindHelloAck, 0), reply[:8]); err != nil {
+			if refused != "" {
+				fmt.Fprintf(log, "xmx server: %v %s: refused\n", st.Source, refused)
+			} else {
+				streams[st.Source] = &stream{}
+			}
+			if err := sendWait(ctx, e, st.Source, match(kindHelloAck, 0), ack); err != nil {
 				fmt.Fprintf(log, "xmx server: hello from %v: %v\n", st.Source, err)
 			}
 		case kindPing:
@@ -408,10 +372,107 @@ func serve(e *msglayer.Endpoint, maxSize int, once bool, log io.Writer) error {
 				return nil
 			}
 		}
-		if err := post(i); err != nil {
+		if !slot.retired {
+			if err := pool.post(slot); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// sessionReceives is how many receives the server posts for a session
+// of window messages in flight (the window, up to 256, and 4 spare), and
+// sessionRecvBytes the bytes of their buffers with messages of up to
+// size bytes. Client and server both reckon with them.
+func sessionReceives(window int) int { return min(max(window, 0), 256) + 4 }
+
+func sessionRecvBytes(size, window int) int { return sessionReceives(window) * max(size, 64) }
+
+// recvPool is the server's receives: any-source receives on grp, all with
+// buffers of one size, the largest a session asked for so far. Their
+// buffers total at most budget bytes (besides the ones being taken back
+// or retired while they complete).
+type recvPool struct {
+	e       *msglayer.Endpoint
+	grp     *msglayer.Group
+	size    int // the buffer size of every receive posted
+	maxSize int // the largest message size a session may ask for (-max-size)
+	budget  int // the most bytes of receive buffers posted (-max-recv-bytes)
+	slots   []*recvSlot
+}
+
+// A recvSlot is one receive of the pool, the context of its completions.
+type recvSlot struct {
+	buf     []byte
+	req     msglayer.Request
+	retired bool // taken out of the pool: not posted again
+}
+
+// post posts slot's receive, with a buffer of the pool's size.
+func (p *recvPool) post(slot *recvSlot) error {
+	if len(slot.buf) < p.size {
+		slot.buf = make([]byte, p.size)
+	}
+	r, err := p.grp.Irecv(0, 0, [][]byte{slot.buf}, slot)
+	slot.req = r
+	return err
+}
+
+// admit answers a hello asking for messages of up to want bytes, window
+// of them in flight: it grows the pool for the session and returns the
+// hello ack's payload, -max-size (8 bytes); or it refuses the session,
+// growing nothing, and says why. A size above -max-size is refused with
+// the same answer (the client compares); a session whose receives would
+// pass the budget with a 16-byte answer, -max-size and the budget.
+func (p *recvPool) admit(want, window int) (ack []byte, refused string, err error) {
+	ack = binary.BigEndian.AppendUint64(nil, uint64(p.maxSize))
+	if want > p.maxSize {
+		return ack, fmt.Sprintf("asks for %d-byte messages, above -max-size %d", want, p.maxSize), nil
+	}
+	if need := sessionRecvBytes(want, window); need > p.budget {
+		ack = binary.BigEndian.AppendUint64(ack, uint64(p.budget))
+		return ack, fmt.Sprintf("asks for %d-byte messages with a window of %d: %d bytes of receives, above -max-recv-bytes %d", want, window, need, p.budget), nil
+	}
+	return ack, "", p.grow(sessionReceives(window), want)
+}
+
+// grow makes sure n receives of at least want bytes are posted (want at
+// most a fifth of the budget, as admit sees to). Fewer are posted when n
+// receives of the pool's size would pass the budget (a session's window
+// meeting an earlier session's larger size): the pool is trimmed to the
+// budget, and a session's messages beyond it wait as unexpected ones
+// until a receive is free.
+func (p *recvPool) grow(n, want int) error {
+	size := max(p.size, want, 64)
+	n = min(max(n, len(p.slots)), p.budget/size)
+	// Receives past n are taken back first, so that their buffers are
+	// not made anew; one that already matched completes and is not posted
+	// again.
+	for _, slot := range p.slots[min(n, len(p.slots)):] {
+		slot.retired = true
+		p.e.Cancel(slot.req)
+	}
+	p.slots = p.slots[:min(n, len(p.slots))]
+	if size > p.size {
+		p.size = size
+		// Receives posted with smaller buffers are taken back and posted
+		// again; the one that just completed is reposted by the loop.
+		for _, slot := range p.slots {
+			if ok, _ := p.e.Cancel(slot.req); ok {
+				if err := p.post(slot); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for len(p.slots) < n {
+		slot := &recvSlot{}
+		p.slots = append(p.slots, slot)
+		if err := p.post(slot); err != nil {
 			return err
 		}
 	}
+	return nil
 }
 
 // sendWait sends and waits for the send to complete.
@@ -426,14 +487,16 @@ func sendWait(ctx context.Context, e *msglayer.Endpoint, to msglayer.Addr, m uin
 
 // hello announces a session to the server and waits for its answer, at
 // most timeout. The answer gives the server's -max-size (servers before
-// it sent none): a size above it is refused here, before it is sent.
+// it sent none): a size above it is refused here, before it is sent. A
+// 16-byte answer refuses the session: its receives would pass the
+// server's -max-recv-bytes, the second 8 bytes.
 func hello(e *msglayer.Endpoint, to msglayer.Addr, size, window int, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	b := make([]byte, 8)
 	binary.BigEndian.PutUint32(b[0:], uint32(size))
 	binary.BigEndian.PutUint32(b[4:], uint32(window))
-	ack := make([]byte, 8)
+	ack := make([]byte, 16)
 	r, err := e.Irecv(match(kindHelloAck, 0), ^uint64(0), [][]byte{ack}, nil)
 	if err != nil {
 		return err
@@ -450,10 +513,23 @@ func hello(e *msglayer.Endpoint, to msglayer.Addr, size, window int, timeout tim
 	if err != nil {
 		return fmt.Errorf("waiting for %v to answer hello: %w", to, err)
 	}
-	if st.XferLen == 8 {
+	if st.XferLen >= 8 {
 		if most := binary.BigEndian.Uint64(ack); uint64(size) > most {
 			return fmt.Errorf("%w: %d-byte messages: the server at %v takes at most %d (its -max-size): restart it with -max-size %d or more", errUsage, size, to, most, size)
 		}
+	}
+	if st.XferLen == 16 {
+		// A refusal: the session's receives pass the server's bound.
+		lower := "smaller sizes"
+		if window > 1 {
+			lower = "a smaller -window or smaller sizes"
+		}
+		need := sessionRecvBytes(size, window)
+		if need <= maxMsgSize { // -max-recv-bytes goes no further
+			lower += fmt.Sprintf(", or restart it with -max-recv-bytes %d or more", need)
+		}
+		return fmt.Errorf("%w: %d-byte messages with a window of %d: the server at %v keeps at most %d bytes of receives posted (its -max-recv-bytes), and %d receives of %d bytes need %d: use %s",
+			errUsage, size, window, to, binary.BigEndian.Uint64(ack[8:]), sessionReceives(window), max(size, 64), need, lower)
 	}
 	return nil
 }
@@ -574,6 +650,22 @@ func parseSizes(list string, start, end int, mult float64) ([]int, error) {
 // maxMsgSize is the largest message size the tools take (the protocol's
 // message lengths are 32-bit).
 const maxMsgSize = 1<<32 - 1
+
+// The server's -max-recv-bytes: by default, a window of 16 (the stream
+// client's) of -max-size's default, 16 MiB, fits.
+const (
+	defaultMaxRecvBytes = 512 << 20
+	minMaxRecvBytes     = 1 << 20
+	maxRecvBytesHelp    = "server: most bytes of receive buffers it keeps posted (`size` in bytes; k, M, G suffixes): a client's window + 4 receives of its largest size must fit"
+)
+
+// checkMaxRecvBytes checks the server's -max-recv-bytes.
+func checkMaxRecvBytes(n int) error {
+	if n < minMaxRecvBytes {
+		return fmt.Errorf("%w: -max-recv-bytes %d: want at least %d", errUsage, n, minMaxRecvBytes)
+	}
+	return nil
+}
 
 // parseSize reads "4096", "4k", "1M" (powers of 1024).
 func parseSize(arg string) (int, error) {

@@ -60,12 +60,17 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	hist := fs.Bool("hist", false, "print a histogram of half round trips per size")
 	maxSize := &sizeFlag{16 << 20}
 	fs.Var(maxSize, "max-size", "server: largest message it takes whole (`size` in bytes; k, M, G suffixes)")
+	maxRecvBytes := &sizeFlag{defaultMaxRecvBytes}
+	fs.Var(maxRecvBytes, "max-recv-bytes", maxRecvBytesHelp)
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
 	if err := ef.parse(fs, args); err != nil {
 		return err
 	}
 	if *iters <= 0 || *iters > maxIters || *warmup < 0 || *warmup > maxIters {
 		return fmt.Errorf("%w: -n %d -warmup %d: want 1 <= n <= %d and 0 <= warmup <= %d", errUsage, *iters, *warmup, maxIters, maxIters)
+	}
+	if err := checkMaxRecvBytes(maxRecvBytes.n); err != nil {
+		return err
 	}
 	list, err := parseSizes(*sizes, start.n, end.n, *mult)
 	if err != nil {
@@ -77,7 +82,7 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 			return err
 		}
 		defer e.Close()
-		return serve(e, maxSize.n, *once, os.Stderr)
+		return serve(e, maxSize.n, maxRecvBytes.n, *once, os.Stderr)
 	}
 	e, err := ef.open()
 	if err != nil {

@@ -54,6 +54,8 @@ second and the message rate.
 	asJSON := fs.Bool("json", false, "print one JSON object per size")
 	maxSize := &sizeFlag{16 << 20}
 	fs.Var(maxSize, "max-size", "server: largest message it takes whole (`size` in bytes; k, M, G suffixes)")
+	maxRecvBytes := &sizeFlag{defaultMaxRecvBytes}
+	fs.Var(maxRecvBytes, "max-recv-bytes", maxRecvBytesHelp)
 	once := fs.Bool("once", false, "server: exit after the first client says goodbye")
 	umem := fs.Bool("umem", false, "client: send from a buffer lent from the UMEM (large messages leave without a CPU copy when the socket is in zero-copy mode)")
 	umemGather := fs.String("umem-gather", "auto", umemGatherHelp)
@@ -68,6 +70,9 @@ second and the message rate.
 	}
 	if *warmup < 0 || *warmup > maxIters {
 		return fmt.Errorf("%w: -warmup %d: want 0..%d", errUsage, *warmup, maxIters)
+	}
+	if err := checkMaxRecvBytes(maxRecvBytes.n); err != nil {
+		return err
 	}
 	list, err := parseSizes(*sizes, start.n, end.n, *mult)
 	if err != nil {
@@ -93,7 +98,7 @@ second and the message rate.
 	}
 	defer e.Close()
 	if fs.NArg() == 0 {
-		return serve(e, maxSize.n, *once, os.Stderr)
+		return serve(e, maxSize.n, maxRecvBytes.n, *once, os.Stderr)
 	}
 	peer, err := ef.connect(e, fs.Arg(0))
 	if err != nil {

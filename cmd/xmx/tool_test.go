@@ -135,6 +135,8 @@ func TestArgErrors(t *testing.T) {
 		{runRegBench, []string{"-sizes", "0,64"}, "-sizes"},
 		{runPingPong, []string{"-max-size", "-1"}, "-max-size"},
 		{runStream, []string{"-max-size", "5G"}, "-max-size"},
+		{runStream, []string{"-max-recv-bytes", "64k"}, "-max-recv-bytes 65536"},
+		{runPingPong, []string{"-max-recv-bytes", "5G"}, "-max-recv-bytes"},
 		{runStream, []string{"-umem", "-sizes", "2G", "02:78:6d:00:00:02"}, "-umem"},
 		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02"}, "-peer-ep"},
 		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02:4"}, "-peer-ep"},

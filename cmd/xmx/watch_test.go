@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,9 +14,10 @@ import (
 	"github.com/xmx-stack/xmx/xdp"
 )
 
-// watchPair opens a server (serve) and a client on an in-memory hub
-// with a one-way delay, connected, and the client's session begun.
-func watchPair(t *testing.T, delay time.Duration, size int) (cl, srv *msglayer.Endpoint) {
+// servePair opens a server (serve, with maxSize and maxRecvBytes,
+// logging to log) and a client on an in-memory hub with a one-way delay,
+// connected.
+func servePair(t *testing.T, delay time.Duration, maxSize, maxRecvBytes int, log io.Writer) (cl, srv *msglayer.Endpoint) {
 	t.Helper()
 	hub := xdp.NewHub(xdp.MemConfig{MTU: 9000, Delay: delay})
 	l0, l1 := hub.Attach(), hub.Attach()
@@ -23,7 +27,7 @@ func watchPair(t *testing.T, delay time.Duration, size int) (cl, srv *msglayer.E
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	go serve(srv, 64<<20, false, io.Discard)
+	go serve(srv, maxSize, maxRecvBytes, false, log)
 	cl, err = msglayer.Open(msglayer.Config{Link: l0, EndpointID: 1, Key: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -34,6 +38,14 @@ func watchPair(t *testing.T, delay time.Duration, size int) (cl, srv *msglayer.E
 	if err := cl.Connect(ctx, srv.Addr(), 2); err != nil {
 		t.Fatal(err)
 	}
+	return cl, srv
+}
+
+// watchPair is servePair's pair with the server's default bounds, and
+// the client's session begun.
+func watchPair(t *testing.T, delay time.Duration, size int) (cl, srv *msglayer.Endpoint) {
+	t.Helper()
+	cl, srv = servePair(t, delay, 64<<20, defaultMaxRecvBytes, io.Discard)
 	if err := hello(cl, srv.Addr(), size, 1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -78,5 +90,113 @@ func TestWatchEndsSilentPeer(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("ended after %v, with -timeout 300ms", d)
+	}
+}
+
+// lockedBuffer is a buffer that a server goroutine writes and a test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestServeBoundsReceives: a session whose receives, window + 4 of its
+// largest size, would pass the server's -max-recv-bytes is refused, and
+// the client says which flags to change (found by a review: xmx stream
+// -window 256 -sizes 16M made the server post 4 GiB of buffers); a
+// smaller session then runs.
+func TestServeBoundsReceives(t *testing.T) {
+	var log lockedBuffer
+	cl, srv := servePair(t, 0, 64<<20, 8<<20, &log)
+	for _, c := range []struct {
+		size, window int
+		want, not    string
+	}{
+		// 260 receives of 1 MiB; 5 of 4 MiB (pingpong's window): above 8 MiB.
+		{1 << 20, 256, "a smaller -window or smaller sizes, or restart it with -max-recv-bytes 272629760 or more", ""},
+		{4 << 20, 1, "(its -max-recv-bytes), and 5 receives of 4194304 bytes need 20971520: use smaller sizes", "-window"},
+		// No -max-recv-bytes takes 260 receives of 64 MiB.
+		{64 << 20, 256, "use a smaller -window or smaller sizes", "restart"},
+		{128 << 20, 1, "(its -max-size)", ""},
+	} {
+		err := hello(cl, srv.Addr(), c.size, c.window, 5*time.Second)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) || c.not != "" && strings.Contains(err.Error(), c.not) {
+			t.Errorf("hello for %d-byte messages, window %d: %v; want a usage error with %q (and no %q)", c.size, c.window, err, c.want, c.not)
+		}
+	}
+	for _, want := range []string{"with a window of 256: 272629760 bytes of receives, above -max-recv-bytes 8388608: refused", "above -max-size 67108864: refused"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the server's log has no %q:\n%s", want, log.String())
+		}
+	}
+	// 6 receives of 1 MiB fit.
+	if err := hello(cl, srv.Addr(), 1<<20, 2, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ctx, watch := watchAnswers(cl, srv.Addr(), 5*time.Second)
+	defer watch.stop()
+	if _, err := pingSize(ctx, watch, cl, srv.Addr(), 1<<20, 0, 3, false, false); err != nil {
+		t.Fatalf("ping-pong after the refusals: %v", err)
+	}
+}
+
+// TestRecvPool checks the server's receives: a refused session grows
+// nothing, and the pool stays within its budget when a session's size
+// meets an earlier session's window.
+func TestRecvPool(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l := hub.Attach()
+	t.Cleanup(func() { l.Close() })
+	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 2, Key: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	p := &recvPool{e: e, grp: e.NewGroup(), size: 64 << 10, maxSize: 64 << 20, budget: 8 << 20}
+	if err := p.grow(4, p.size); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ want, window, ack int }{{128 << 20, 1, 8}, {1 << 20, 256, 16}, {4 << 20, 1, 16}} {
+		ack, refused, err := p.admit(c.want, c.window)
+		if err != nil || refused == "" || len(ack) != c.ack {
+			t.Errorf("admit(%d, %d) = %d-byte ack, %q, %v; want a refusal with a %d-byte ack", c.want, c.window, len(ack), refused, err, c.ack)
+		}
+		if len(p.slots) != 4 || p.size != 64<<10 {
+			t.Errorf("refused admit(%d, %d) left %d receives of %d bytes, want 4 of 64 KiB", c.want, c.window, len(p.slots), p.size)
+		}
+	}
+	// 104 receives of 64 KiB (the pool's size): 6.5 MiB.
+	if _, refused, err := p.admit(1<<10, 100); err != nil || refused != "" || len(p.slots) != 104 {
+		t.Fatalf("admit(1k, 100): %q, %v, %d receives", refused, err, len(p.slots))
+	}
+	// 6 receives of 1 MiB fit; 104 would be 104 MiB: the pool keeps 8.
+	if _, refused, err := p.admit(1<<20, 2); err != nil || refused != "" || len(p.slots) != 8 || p.size != 1<<20 {
+		t.Fatalf("admit(1M, 2): %q, %v, %d receives of %d bytes; want 8 of 1 MiB", refused, err, len(p.slots), p.size)
+	}
+	// The 96 receives retired and the 8 posted anew with 1 MiB were taken
+	// back: 104 cancelled completions.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for n := 0; n < 104; n++ {
+		st, _ := p.grp.Wait(ctx)
+		if st.Code != msglayer.Cancelled {
+			t.Fatalf("completion %d: %+v, want a cancelled receive", n, st)
+		}
+	}
+	for _, slot := range p.slots {
+		if slot.retired || len(slot.buf) != 1<<20 {
+			t.Fatalf("a receive of the pool: retired %v, %d bytes", slot.retired, len(slot.buf))
+		}
 	}
 }
