@@ -3,6 +3,10 @@
 
 GO      ?= $(shell command -v go || echo /usr/local/go/bin/go)
 export PATH := $(dir $(GO)):$(PATH)
+# No version-control stamp in binaries (nothing reads it): as root in a
+# clone owned by another user (sudo make ...), git refuses the repository
+# and go build would fail on the stamp. The tests' own builds inherit it.
+export GOFLAGS := -buildvcs=false $(GOFLAGS)
 
 # Debian packages the tests and the lab use: ip and tc (netem), ping,
 # sysctl, and a C compiler (go test -race needs cgo).

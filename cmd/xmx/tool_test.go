@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -265,14 +266,24 @@ func TestDemo(t *testing.T) {
 	cmd.Env = append(os.Environ(), "XMX="+bin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
+	// The demo and its server (which inherits the output pipe) are a
+	// process group of their own: a demo that overstays its 5 minutes is
+	// asked to stop (its cleanup takes the lab down), then the group is
+	// killed, and Wait does not wait for a pipe some child still holds.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.WaitDelay = 10 * time.Second
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	// The demo's lab is named after its PID; gone already unless the demo
 	// was killed.
-	name := fmt.Sprintf("d%d", cmd.Process.Pid%10000000)
+	pid := cmd.Process.Pid
+	name := fmt.Sprintf("d%d", pid%10000000)
 	t.Cleanup(func() { exec.Command("../../scripts/lab", "down", "--name", name).Run() })
-	timer := time.AfterFunc(5*time.Minute, func() { cmd.Process.Kill() })
+	timer := time.AfterFunc(5*time.Minute, func() {
+		syscall.Kill(-pid, syscall.SIGTERM)
+		time.AfterFunc(20*time.Second, func() { syscall.Kill(-pid, syscall.SIGKILL) })
+	})
 	err := cmd.Wait()
 	timer.Stop()
 	if err != nil {

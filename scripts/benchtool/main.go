@@ -582,8 +582,10 @@ func ensureTools(e *Env, systems []*System, noInstall bool) {
 	fmt.Fprintf(os.Stderr, "bench: installing %s\n", strings.Join(pkgs, " "))
 	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
 	for _, argv := range [][]string{
-		{"apt-get", "update", "-qq"},
-		append([]string{"apt-get", "install", "-y", "-qq"}, pkgs...),
+		// Wait for the lock of an apt already at work (a fresh VM's
+		// unattended upgrades) rather than fail.
+		{"apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-qq"},
+		append([]string{"apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq"}, pkgs...),
 	} {
 		ctx, cancel := context.WithTimeout(e.ctx, 10*time.Minute)
 		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
