@@ -202,6 +202,14 @@ func (e *Endpoint) oneSidedLocal(t *Endpoint, r *request) {
 		e.stats.Gets++
 	} else {
 		e.stats.Puts++
+	}
+	if t.closed || t.peers[e.addr] == nil {
+		// Gone, or it forgot us: as a send (arriveLocal), and as over
+		// the network, where nobody would answer.
+		e.complete(r, Unreachable)
+		return
+	}
+	if r.kind != kindGet {
 		t.stats.PutsIn++ // refused or not, as onPut counts them
 	}
 	mem, reg, err := t.regHold(r.regionID, r.regionKey, r.regionOff, uint64(r.length))

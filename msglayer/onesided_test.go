@@ -281,3 +281,35 @@ func TestZeroLengthGetChecked(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalOneSidedToClosed: a Get or Put to a closed endpoint of the
+// same process fails Unreachable, as a send to it does (and as over the
+// network), not BadRegion after a look at its regions, and counts
+// nothing at the closed endpoint.
+func TestLocalOneSidedToClosed(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	_, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	c := w.open(t, 1, msglayer.Config{EndpointID: 3, Key: 3}) // b's engine
+	ctx := ctxFor(t, 10*time.Second)
+	if err := c.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := b.Register(make([]byte, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	before := b.Counters()
+	s, _ := c.Isend(b.Addr(), 1, [][]byte{[]byte("x")}, nil)
+	sst, _ := c.Wait(ctx, s)
+	p, _ := c.IPut(b.Addr(), reg.Mem, 0, [][]byte{[]byte("hello")}, nil)
+	pst, _ := c.Wait(ctx, p)
+	g, _ := c.IGet(b.Addr(), reg.Mem, 0, [][]byte{make([]byte, 5)}, nil)
+	gst, _ := c.Wait(ctx, g)
+	if sst.Code != msglayer.Unreachable || pst.Code != msglayer.Unreachable || gst.Code != msglayer.Unreachable {
+		t.Errorf("to a closed endpoint of the process: send %v, put %v, get %v; want all unreachable", sst.Code, pst.Code, gst.Code)
+	}
+	if after := b.Counters(); after.PutsIn != before.PutsIn || after.RegionRefused != before.RegionRefused {
+		t.Errorf("the closed endpoint counted PutsIn %d, RegionRefused %d (before %d, %d)", after.PutsIn, after.RegionRefused, before.PutsIn, before.RegionRefused)
+	}
+}
