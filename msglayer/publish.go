@@ -95,6 +95,8 @@ var pub struct {
 	// +checklocks:mu
 	ln *net.UnixListener // nil when not listening
 	// +checklocks:mu
+	path string // where ln is bound (listenPublished)
+	// +checklocks:mu
 	done chan struct{} // closed when ln's server goroutine has left
 	// +checklocks:mu
 	off bool // the listener could not be started: do not retry until no endpoint is open
@@ -111,8 +113,8 @@ func registerPublished(e *Endpoint) {
 	if pub.ln == nil && !pub.off {
 		pub.off = true
 		if dir, ok := publishingDir(); ok {
-			if ln := listenPublished(dir); ln != nil {
-				pub.ln, pub.done, pub.off = ln, make(chan struct{}), false
+			if ln, path := listenPublished(dir); ln != nil {
+				pub.ln, pub.path, pub.done, pub.off = ln, path, make(chan struct{}), false
 				go servePublished(ln, pub.done)
 			}
 		}
@@ -134,8 +136,9 @@ func unregisterPublished(e *Endpoint) {
 	if len(pub.eps) == 0 {
 		pub.off = false
 		if pub.ln != nil {
-			// Closing under the lock unlinks the socket before a new
-			// first endpoint could bind the same path.
+			// Under the lock, the socket goes before a new first
+			// endpoint could bind the same path.
+			os.Remove(pub.path)
 			pub.ln.Close()
 			pub.ln, done = nil, pub.done
 		}
@@ -146,31 +149,40 @@ func unregisterPublished(e *Endpoint) {
 	}
 }
 
-// listenPublished binds <dir>/<pid>.sock, or returns nil.
-func listenPublished(dir string) *net.UnixListener {
+// listenPublished binds <dir>/<pid>.sock and returns its listener and
+// path, or nil. The socket is bound and listening under a name readers
+// pass by before it is renamed into place: a reader that finds a socket
+// at a .sock path and has its connection refused knows that its process
+// is gone, and may remove it (ReadPublished).
+func listenPublished(dir string) (*net.UnixListener, string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil
+		return nil, ""
 	}
 	path := filepath.Join(dir, strconv.Itoa(os.Getpid())+".sock")
-	addr := &net.UnixAddr{Name: path, Net: "unix"}
-	ln, err := net.ListenUnix("unix", addr)
-	if errors.Is(err, syscall.EADDRINUSE) {
-		// A socket left by a dead process that had our pid, unless a live
-		// one (another pid namespace sharing the directory) answers.
-		if c, derr := net.DialTimeout("unix", path, 100*time.Millisecond); derr == nil {
-			c.Close()
-			return nil
-		}
-		os.Remove(path)
-		ln, err = net.ListenUnix("unix", addr)
-	}
+	tmp := filepath.Join(dir, fmt.Sprintf("%d.%x.tmp", os.Getpid(), time.Now().UnixNano()))
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
-		return nil
+		return nil, ""
 	}
+	ln.SetUnlinkOnClose(false) // the socket is renamed: unregisterPublished removes it
 	// Counters are no secret (the command line is in /proc too): let
 	// "xmx info" read them without root.
-	os.Chmod(path, 0o666)
-	return ln
+	os.Chmod(tmp, 0o666)
+	// A socket at path is one left by a dead process that had our pid,
+	// unless a live one (another pid namespace sharing the directory)
+	// answers.
+	if c, err := net.DialTimeout("unix", path, 100*time.Millisecond); err == nil {
+		c.Close()
+		ln.Close()
+		os.Remove(tmp)
+		return nil, ""
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		os.Remove(tmp)
+		return nil, ""
+	}
+	return ln, path
 }
 
 // servePublished answers clients of ln until ln is closed.

@@ -224,3 +224,49 @@ func TestPublishedChurn(t *testing.T) {
 		t.Errorf("left in the run directory: %v", ents)
 	}
 }
+
+// TestReaderLeavesLiveSocket: a reader polling while this process opens
+// and closes its first endpoint again and again never removes the socket
+// of a live listener. The socket used to be bound at its path and listen
+// a moment later: a reader refused in between took it for a dead
+// process's and removed it, and the process stayed unreachable for good.
+func TestReaderLeavesLiveSocket(t *testing.T) {
+	dir := publishDir(t)
+	sock := filepath.Join(dir, strconv.Itoa(os.Getpid())+".sock")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ReadPublished(dir)
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+	opens := 0
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); opens++ {
+		la, _ := xdp.NewPair(xdp.MemConfig{})
+		e, err := Open(Config{Link: la, OwnLink: true, EndpointID: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Microsecond)
+		pub.mu.Lock()
+		listening := pub.ln != nil
+		_, statErr := os.Stat(sock)
+		pub.mu.Unlock()
+		e.Close()
+		if listening && statErr != nil {
+			t.Fatalf("after %d opens: a reader removed the socket of the live listener (%v)", opens, statErr)
+		}
+	}
+	t.Logf("%d opens and closes beside a polling reader", opens)
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("left in the directory: %v", ents)
+	}
+}
