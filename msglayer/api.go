@@ -251,6 +251,9 @@ func (e *Endpoint) isend(dst Addr, match uint64, segs [][]byte, ctx any, sync bo
 	g := e.eng
 	r := e.newRequest(kindSend, ctx)
 	r.peer, r.match, r.segs, r.length, r.sync, r.group = p, match, segs, n, sync, grp
+	if grp != nil {
+		grp.posted++
+	}
 	r.status.Source, r.status.Match, r.status.MsgLen = dst, match, n
 	e.stats.Sends++
 	h := Request{r, r.gen}
@@ -361,6 +364,9 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	}
 	r := e.newRequest(kindRecv, ctx)
 	r.info, r.mask, r.segs, r.length, r.group = info, mask, segs, n, grp
+	if grp != nil {
+		grp.posted++
+	}
 	e.stats.Recvs++
 	h := Request{r, r.gen}
 	if u := e.match.post(info, mask); u != nil {
@@ -736,6 +742,11 @@ type groupQueue struct {
 	views []*Endpoint
 	// +checklocks:eng.mu
 	waiting int
+	// posted counts the requests posted into the group and not completed
+	// yet: after the views closed, some may still complete (a send whose
+	// pull replies were being sent completes once they are out).
+	// +checklocks:eng.mu
+	posted int
 	// shut is set (under the engine lock) when the last open view closes
 	// while goroutines wait: a waiter looks at it without the lock.
 	shut atomic.Bool
@@ -857,16 +868,24 @@ func (gr *Group) Test() (Status, bool) {
 }
 
 // Wait waits for a request of the group to complete and completes it.
-// Once every endpoint of the group is closed and its completions are
-// taken, it returns ErrClosed.
+// Once every endpoint of the group is closed and every request posted
+// into it has completed and been taken, it returns ErrClosed.
 func (gr *Group) Wait(ctx context.Context) (Status, error) {
 	g := gr.eng
 	for {
 		if st, ok := gr.Test(); ok {
+			if gr.n.Load() > 0 {
+				// More are queued: another waiter may have missed its wake
+				// (wake holds one signal).
+				select {
+				case gr.wake <- struct{}{}:
+				default:
+				}
+			}
 			return st, st.Err()
 		}
 		g.mu.Lock()
-		if gr.q.head == nil && gr.viewsClosed() {
+		if gr.q.head == nil && gr.posted == 0 && gr.viewsClosed() {
 			g.mu.Unlock()
 			// Close woke one waiter (wake holds one signal): pass it on
 			// to the next, if there is one.
@@ -886,7 +905,19 @@ func (gr *Group) Wait(ctx context.Context) (Status, error) {
 		}, gr.wake)
 		g.mu.Lock()
 		gr.unwatch()
+		late := errors.Is(err, ErrClosed) && gr.q.head == nil && gr.posted > 0
 		g.mu.Unlock()
+		if late {
+			// The engine stopped with requests of the group still to
+			// complete, which the flush under way completes: wait for
+			// them without driving.
+			select {
+			case <-gr.wake:
+				continue
+			case <-ctx.Done():
+				return Status{}, ctx.Err()
+			}
+		}
 		if err != nil {
 			return Status{}, err
 		}

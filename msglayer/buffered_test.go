@@ -2,6 +2,7 @@ package msglayer
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -51,5 +52,55 @@ func TestIbufferedWhileRepliesPinned(t *testing.T) {
 	}
 	if st, err := b.Wait(ctx, h); err != nil || st.XferLen != len(data) {
 		t.Errorf("the send: %+v, %v", st, err)
+	}
+}
+
+// TestGroupWaitsForLateCompletion: a send of a group whose pull replies
+// are still to be sent when its endpoint closes completes once they are
+// out; a Wait on the group meanwhile waits for that completion rather
+// than report ErrClosed with a request of the group still to come.
+func TestGroupWaitsForLateCompletion(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	grp := b.NewGroup()
+	h, err := grp.Isend(a.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := b.eng
+	g.mu.Lock()
+	h.r.txRefs++ // a pull reply waits to be built from the send's data
+	g.mu.Unlock()
+	b.Close()
+	type result struct {
+		st  Status
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		st, err := grp.Wait(ctx)
+		got <- result{st, err}
+	}()
+	select {
+	case r := <-got:
+		t.Fatalf("Group.Wait returned %v, %v before the send's completion", r.st.Code, r.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	g.mu.Lock()
+	g.unpin(h.r) // the reply is out
+	g.mu.Unlock()
+	select {
+	case r := <-got:
+		if r.st.Code != Closed {
+			t.Errorf("Group.Wait: %v, %v; want the send, closed", r.st.Code, r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Group.Wait did not return the send's late completion")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := grp.Wait(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("Group.Wait with nothing left: %v, want ErrClosed", err)
 	}
 }

@@ -765,6 +765,9 @@ func (e *Endpoint) complete(r *request, code Code) {
 	if r.kind != kindNotify && r.kind != kindPutTarget {
 		e.stats.Completed++ // the user's requests only
 	}
+	if gr := r.group; gr != nil {
+		gr.posted--
+	}
 	if r.forgotten {
 		e.release(r) // no handle is left to look at it
 		return
