@@ -2,9 +2,7 @@ package xdp
 
 import (
 	"bytes"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -20,20 +18,15 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/xmx-stack/xmx/internal/netlab"
 )
 
 // The AF_PACKET tests need root: each builds its own lab of two network
 // namespaces joined by a veth pair (eth0 on both sides) and opens one link in
-// each. They do not use internal/netlab so as to stand alone.
-
-// pktSkipOrFatal skips the test, or fails it when XMX_REQUIRE_PRIVILEGED=1.
-func pktSkipOrFatal(tb testing.TB, format string, args ...any) {
-	tb.Helper()
-	if os.Getenv("XMX_REQUIRE_PRIVILEGED") == "1" {
-		tb.Fatalf(format, args...)
-	}
-	tb.Skipf(format, args...)
-}
+// each. The namespaces are internal/netlab's, which removes them in the
+// test's cleanup or, should the test binary die first (a -timeout, a
+// kill), by its reaper.
 
 // pktLab is two fresh network namespaces, A and B, each holding one end of a
 // veth pair named eth0.
@@ -49,40 +42,14 @@ func pktIP(args ...string) error {
 	return nil
 }
 
-// newPktLab creates the lab; tb.Cleanup deletes the namespaces, also when
-// the setup fails half-way. Links opened afterwards are closed first
-// (cleanups run last-in first-out).
+// newPktLab creates the lab (skipping the test without privileges, or
+// failing it with XMX_REQUIRE_PRIVILEGED=1). Links opened afterwards are
+// closed before the namespaces go (cleanups run last-in first-out).
 func newPktLab(tb testing.TB) *pktLab {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		pktSkipOrFatal(tb, "AF_PACKET tests need root (network namespaces, raw sockets)")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		pktSkipOrFatal(tb, "AF_PACKET tests need iproute2: %v", err)
-	}
-	var r [3]byte
-	if _, err := rand.Read(r[:]); err != nil {
-		tb.Fatal(err)
-	}
-	id := hex.EncodeToString(r[:])
-	lab := &pktLab{nsA: "xpkt" + id + "a", nsB: "xpkt" + id + "b"}
-	tb.Cleanup(func() {
-		for _, ns := range []string{lab.nsA, lab.nsB} {
-			if _, err := os.Stat("/var/run/netns/" + ns); err == nil {
-				if err := pktIP("netns", "del", ns); err != nil {
-					tb.Errorf("cleanup: %v", err)
-				}
-			}
-		}
-	})
-	if err := pktIP("netns", "add", lab.nsA); err != nil {
-		pktSkipOrFatal(tb, "cannot create a network namespace: %v", err)
-	}
+	lab := &pktLab{nsA: netlab.Namespace(tb), nsB: netlab.Namespace(tb)}
 	steps := [][]string{
-		{"netns", "add", lab.nsB},
 		{"-n", lab.nsA, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns", lab.nsB},
-		{"-n", lab.nsA, "link", "set", "lo", "up"},
-		{"-n", lab.nsB, "link", "set", "lo", "up"},
 		{"-n", lab.nsA, "link", "set", "eth0", "up"},
 		{"-n", lab.nsB, "link", "set", "eth0", "up"},
 	}
