@@ -747,13 +747,42 @@ type groupQueue struct {
 	// pull replies were being sent completes once they are out).
 	// +checklocks:eng.mu
 	posted int
-	// shut is set (under the engine lock) when the last open view closes
-	// while goroutines wait: a waiter looks at it without the lock.
+	// shut is set (under the engine lock) once every view closed and
+	// every request posted completed (noteOver), and cleared when an open
+	// endpoint joins (On): a waiter looks at it without the lock.
 	shut atomic.Bool
 }
 
+// over reports whether the group's Waits are over: every view closed,
+// every request posted into it completed and taken.
+//
+// +checklocks:gr.eng.mu
+func (gr *groupQueue) over() bool {
+	return gr.q.head == nil && gr.posted == 0 && gr.viewsClosed()
+}
+
+// noteOver marks the group shut once every view closed and every
+// request posted into it completed (Close, complete), and wakes a
+// waiter: each that leaves with ErrClosed wakes the next (Wait).
+//
+// +checklocks:gr.eng.mu
+func (gr *groupQueue) noteOver() {
+	if gr.posted == 0 && gr.viewsClosed() {
+		gr.shut.Store(true)
+		gr.poke()
+	}
+}
+
+// poke signals the group's wake without blocking.
+func (gr *groupQueue) poke() {
+	select {
+	case gr.wake <- struct{}{}:
+	default:
+	}
+}
+
 // viewsClosed reports whether every endpoint of the group is closed: no
-// request can complete into it any more.
+// request can be posted into it any more.
 //
 // +checklocks:gr.eng.mu
 func (gr *groupQueue) viewsClosed() bool {
@@ -829,8 +858,11 @@ func (gr *Group) On(e *Endpoint) (*Group, error) {
 	g.mu.Lock()
 	if !slices.Contains(gr.views, e) {
 		gr.views = append(gr.views, e)
-		if gr.waiting > 0 && !e.closed {
-			e.groupWaiting = append(e.groupWaiting, gr.groupQueue)
+		if !e.closed {
+			gr.shut.Store(false)
+			if gr.waiting > 0 {
+				e.groupWaiting = append(e.groupWaiting, gr.groupQueue)
+			}
 		}
 	}
 	g.mu.Unlock()
@@ -874,28 +906,19 @@ func (gr *Group) Wait(ctx context.Context) (Status, error) {
 	g := gr.eng
 	for {
 		if st, ok := gr.Test(); ok {
-			if gr.n.Load() > 0 {
-				// More are queued: another waiter may have missed its wake
-				// (wake holds one signal).
-				select {
-				case gr.wake <- struct{}{}:
-				default:
-				}
+			if gr.n.Load() > 0 || gr.shut.Load() {
+				// More are queued, or the group is over: another waiter
+				// may have missed its wake (wake holds one signal).
+				gr.poke()
 			}
 			return st, st.Err()
 		}
 		g.mu.Lock()
-		if gr.q.head == nil && gr.posted == 0 && gr.viewsClosed() {
+		if gr.over() {
 			g.mu.Unlock()
-			// Close woke one waiter (wake holds one signal): pass it on
-			// to the next, if there is one.
-			select {
-			case gr.wake <- struct{}{}:
-			default:
-			}
+			gr.poke() // pass the wake on to the next waiter, if any
 			return Status{}, ErrClosed
 		}
-		gr.shut.Store(false)
 		gr.watch()
 		g.mu.Unlock()
 		err := g.waitFor(ctx, func() bool {
@@ -905,8 +928,12 @@ func (gr *Group) Wait(ctx context.Context) (Status, error) {
 		}, gr.wake)
 		g.mu.Lock()
 		gr.unwatch()
-		late := errors.Is(err, ErrClosed) && gr.q.head == nil && gr.posted > 0
+		late := errors.Is(err, ErrClosed) && gr.q.head == nil && !gr.over()
+		resolved := errors.Is(err, ErrClosed) && !late
 		g.mu.Unlock()
+		if resolved {
+			continue // a completion to take, or the group is over
+		}
 		if late {
 			// The engine stopped with requests of the group still to
 			// complete, which the flush under way completes: wait for

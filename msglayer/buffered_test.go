@@ -104,3 +104,82 @@ func TestGroupWaitsForLateCompletion(t *testing.T) {
 		t.Errorf("Group.Wait with nothing left: %v, want ErrClosed", err)
 	}
 }
+
+// TestGroupForgottenLate: a forgotten send of a group that completes after
+// its endpoint closed is the last the group waited for: a Wait on it
+// returns ErrClosed then (it used to wait for a wake that never came).
+func TestGroupForgottenLate(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	grp := b.NewGroup()
+	h, err := grp.Isend(a.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := b.eng
+	g.mu.Lock()
+	h.r.txRefs++
+	g.mu.Unlock()
+	r := h.r
+	if err := b.Forget(h); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := grp.Wait(ctx)
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	g.mu.Lock()
+	g.unpin(r)
+	g.mu.Unlock()
+	if err := <-got; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Group.Wait: %v, want ErrClosed", err)
+	}
+}
+
+// TestGroupTwoWaitersLate: two Waits on a group, one late completion:
+// one takes it, the other returns ErrClosed (it used to wait on, its wake
+// taken by the first).
+func TestGroupTwoWaitersLate(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	grp := b.NewGroup()
+	h, err := grp.Isend(a.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := b.eng
+	g.mu.Lock()
+	h.r.txRefs++
+	g.mu.Unlock()
+	got := make(chan error, 2)
+	for range 2 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			_, err := grp.Wait(ctx)
+			got <- err
+		}()
+	}
+	time.Sleep(50 * time.Millisecond)
+	b.Close()
+	time.Sleep(50 * time.Millisecond)
+	g.mu.Lock()
+	g.unpin(h.r)
+	g.mu.Unlock()
+	var errs []error
+	for range 2 {
+		errs = append(errs, <-got)
+	}
+	closed := 0
+	for _, err := range errs {
+		if errors.Is(err, ErrClosed) {
+			closed++
+		}
+	}
+	if closed != 2 { // the send's status is Closed too
+		t.Fatalf("the two Group.Waits: %v; want the send's completion (closed) and ErrClosed", errs)
+	}
+}

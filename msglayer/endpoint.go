@@ -639,13 +639,7 @@ func (e *Endpoint) Close() error {
 	// open endpoint this was.
 	e.notifyAny()
 	for _, gq := range e.groupWaiting {
-		if gq.viewsClosed() {
-			gq.shut.Store(true)
-			select {
-			case gq.wake <- struct{}{}:
-			default:
-			}
-		}
+		gq.noteOver()
 	}
 	// Acks owed are sent now: a peer whose last message we took (a
 	// goodbye, say) learns it arrived instead of retransmitting into a
@@ -765,11 +759,15 @@ func (e *Endpoint) complete(r *request, code Code) {
 	if r.kind != kindNotify && r.kind != kindPutTarget {
 		e.stats.Completed++ // the user's requests only
 	}
-	if gr := r.group; gr != nil {
+	gr := r.group
+	if gr != nil {
 		gr.posted--
 	}
 	if r.forgotten {
 		e.release(r) // no handle is left to look at it
+		if gr != nil {
+			gr.noteOver() // the last a Wait on the group waited for, maybe
+		}
 		return
 	}
 	r.done = true
@@ -781,12 +779,10 @@ func (e *Endpoint) complete(r *request, code Code) {
 	if !e.eng.reapsNow(r) {
 		r.doneFlag.Store(true)
 	}
-	if g := r.group; g != nil {
-		g.push(r)
-		select {
-		case g.wake <- struct{}{}:
-		default:
-		}
+	if gr != nil {
+		gr.push(r)
+		gr.poke()
+		gr.noteOver()
 	} else {
 		e.done.push(r)
 		e.notifyAny()
