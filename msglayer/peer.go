@@ -1154,7 +1154,9 @@ func (p *peer) awaitsRecovery(seq uint32) bool {
 	return p.recovering && seq != p.acked && seq-p.acked >= p.rexmitNext-p.acked
 }
 
-// retransmit sends a window slot's frame again with the current ack.
+// retransmit sends a window slot's frame again with the current ack and
+// receive window (the peer takes the window of every frame it hears: the
+// first send's could lift a limit said since).
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) retransmit(s *txSlot, now int64) {
@@ -1162,6 +1164,9 @@ func (p *peer) retransmit(s *txSlot, now int64) {
 		return // still on its way out
 	}
 	setAck(s.buf, p.expected)
+	g := p.ep.eng
+	setWindow(s.buf, g.recvWindow)
+	p.saidWin = g.recvWindow
 	p.ackSent()
 	s.sentAt = now
 	s.retries++

@@ -131,3 +131,44 @@ func TestFirstHostReplyWins(t *testing.T) {
 		t.Errorf("the query's answer is %x, want the first reply's %x", got, want)
 	}
 }
+
+// TestRetransmitSaysWindowNow: a retransmitted frame carries the receive
+// window of now, not of its first send: the peer takes the window of
+// every frame it hears, and a stale one lifted a limit said since.
+func TestRetransmitSaysWindowNow(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, ra, Success, "connect")
+	if _, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 100)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	n.la.take() // the eager frame is lost
+	n.timers(a) // stamps it
+	a.eng.mu.Lock()
+	first := a.eng.recvWindow
+	a.eng.recv.budget = 100
+	a.eng.setDivisor(10) // a crowd came: a's window shrinks
+	now := a.eng.recvWindow
+	a.eng.mu.Unlock()
+	if now == first {
+		t.Fatalf("the window did not change (%d): the test sets up nothing", now)
+	}
+	n.la.take() // the acks saying so are lost too
+	n.clock.Advance(50 * time.Millisecond)
+	n.timers(a)
+	for _, f := range n.la.take() {
+		if h, _ := decodeHeader(f); h.typ == tEager {
+			n.deliver(b, f)
+			b.eng.mu.Lock()
+			got := b.peers[a.Addr()].rwnd
+			b.eng.mu.Unlock()
+			if got != now {
+				t.Fatalf("after a retransmission b holds a's window as %d; a's window is %d (it was %d at the first send)", got, now, first)
+			}
+			return
+		}
+	}
+	t.Fatal("no retransmission")
+}

@@ -208,6 +208,9 @@ func setAck(f []byte, ack uint32) {
 	binary.BigEndian.PutUint32(f[xdp.EthHeaderLen+16:], ack)
 }
 
+// setWindow rewrites the receive window of a frame built before.
+func setWindow(f []byte, window uint8) { f[xdp.EthHeaderLen+20] = window }
+
 // frameLen is the length of a frame of type t with n payload bytes,
 // padded to the Ethernet minimum.
 func frameLen(t frameType, n int) int {
