@@ -51,7 +51,7 @@ type Config struct {
 	SpinBeforeSleep time.Duration
 
 	RendezvousThreshold int // messages above it go by rendezvous (default 32 KiB)
-	UnexpectedBytes     int // bound on unexpected eager data held (default 8 MiB)
+	UnexpectedBytes     int // bound on unexpected eager messages held: their data and their records (about 100 bytes each); default 8 MiB
 	// OutOfOrderBytes bounds the memory of the frames an endpoint holds
 	// because they arrived ahead of a gap, from all its peers (default
 	// 4 MiB, at least one frame). At the bound such a frame is dropped
@@ -372,7 +372,7 @@ type Counters struct {
 	AcksBundled         uint64 // of AcksOut, those that rode in a frame to another peer (an ack bundle, tAcks, or a pull request)
 	Unexpected          uint64 // messages that matched no posted receive
 	UnexpectedBytes     uint64 // eager bytes held for them
-	UnexpectedBytesNow  int    // held now
+	UnexpectedBytesNow  int    // held now, against UnexpectedBytes (records included)
 	Pulls               uint64 // rendezvous pulls started
 	PullRequests        uint64 // pull requests sent (re-requests included)
 	PullReplies         uint64 // data frames sent for pulls

@@ -1239,7 +1239,7 @@ func endpointInvariants(e *Endpoint) string {
 				rndv++
 				continue
 			}
-			bytes += int(u.msgLen)
+			bytes += unexpCost(int(u.msgLen))
 			if u.received > u.msgLen || len(u.data) != int(u.msgLen) {
 				return fmt.Sprintf("unexpected message of %d bytes holds %d, received %d", u.msgLen, len(u.data), u.received)
 			}

@@ -1,5 +1,7 @@
 package msglayer
 
+import "unsafe"
+
 // The matcher holds the posted receives and the unexpected messages of an
 // endpoint, each in arrival order, as intrusive doubly linked lists (no
 // allocation to post, match or cancel), one pair of lists per context id. A message matches a receive when
@@ -29,6 +31,11 @@ type unexp struct {
 }
 
 func (u *unexp) complete() bool { return u.rndv || u.received == u.msgLen }
+
+// unexpCost is what an unexpected eager message of n bytes counts against
+// the endpoint's unexpected-bytes bound: its data and its record, so that
+// empty messages, which hold no data, are bounded too.
+func unexpCost(n int) int { return n + int(unsafe.Sizeof(unexp{})) }
 
 type matcher struct {
 	// Context ids (Config.ContextIDBits, ContextIDShift): the bits

@@ -172,3 +172,48 @@ func TestRetransmitSaysWindowNow(t *testing.T) {
 	}
 	t.Fatal("no retransmission")
 }
+
+// TestUnexpectedEmptyMessagesBounded: unexpected eager messages count
+// their records against UnexpectedBytes, so empty ones, which hold no
+// data, are bounded too: past the bound they are refused (and come again
+// as rendezvous records, under MaxUnexpectedRndv), every one delivered in
+// the end. They used to queue without limit.
+func TestUnexpectedEmptyMessagesBounded(t *testing.T) {
+	const bound, rndvs = 64 * 100, 100
+	n := newManNetCfg(t, Config{}, Config{UnexpectedBytes: bound, MaxUnexpectedRndv: rndvs})
+	a, b := n.a, n.b
+	const N = 2000
+	for i := range N {
+		if _, err := a.Isend(b.Addr(), uint64(i), nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if i%64 == 63 {
+			n.settle(1, time.Millisecond)
+		}
+	}
+	n.settle(5, time.Millisecond)
+	g := b.eng
+	g.mu.Lock()
+	held, queued := b.unexpBytes, b.match.nUnexp
+	g.mu.Unlock()
+	if held > bound || queued > bound/64+rndvs { // a record is more than 64 bytes
+		t.Fatalf("%d empty unexpected messages sent: %d queued, %d bytes counted; bound %d", N, queued, held, bound)
+	}
+	if b.Counters().EagerRefused == 0 {
+		t.Error("none refused at the bound")
+	}
+	for i := range N { // each arrives, in order, refused ones as rendezvous
+		r, err := b.Irecv(uint64(i), ^uint64(0), nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, ok, _ := b.Test(r)
+		for k := 0; k < 100 && !ok; k++ {
+			n.settle(1, 10*time.Millisecond)
+			st, ok, _ = b.Test(r)
+		}
+		if !ok || st.Code != Success {
+			t.Fatalf("receive %d: done %v, %v", i, ok, st.Code)
+		}
+	}
+}

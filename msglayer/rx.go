@@ -552,7 +552,7 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			e.startEager(p, r, &eh, payload)
 			return accepted
 		}
-		if e.unexpBytes+int(eh.msgLen) > e.cfg.UnexpectedBytes {
+		if e.unexpBytes+unexpCost(int(eh.msgLen)) > e.cfg.UnexpectedBytes {
 			e.stats.EagerRefused++
 			// The handler saw it and let it queue: its rendezvous
 			// version goes to the queue without showing it again.
@@ -560,7 +560,7 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			return refused
 		}
 		u := &unexp{src: p, match: eh.match, msgLen: eh.msgLen, data: make([]byte, eh.msgLen)}
-		e.unexpBytes += int(eh.msgLen)
+		e.unexpBytes += unexpCost(int(eh.msgLen))
 		e.stats.UnexpectedBytes += uint64(eh.msgLen)
 		u.received = uint32(copy(u.data, payload))
 		e.addUnexp(u)
@@ -586,7 +586,7 @@ func (e *Endpoint) dropUnexp(u *unexp, sendCode Code) {
 	case u.rndv:
 		e.unexpRndv--
 	default:
-		e.unexpBytes -= int(u.msgLen)
+		e.unexpBytes -= unexpCost(int(u.msgLen))
 	}
 }
 
@@ -710,7 +710,7 @@ func (e *Endpoint) takeUnexp(r *request, u *unexp, now int64) {
 		return
 	}
 	copyToSegs(r.segs, 0, u.data[:u.received])
-	e.unexpBytes -= int(u.msgLen)
+	e.unexpBytes -= unexpCost(int(u.msgLen))
 	if u.complete() {
 		r.status.XferLen = min(int(u.msgLen), r.length)
 		e.complete(r, Success)

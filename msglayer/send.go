@@ -282,11 +282,11 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 // +checklocks:t.eng.mu
 func (t *Endpoint) queueLocal(tp *peer, r *request) {
 	u := &unexp{src: tp, match: r.match, msgLen: uint32(r.length)}
-	if !r.sync && r.length <= r.ep.cfg.RendezvousThreshold && t.unexpBytes+r.length <= t.cfg.UnexpectedBytes {
+	if !r.sync && r.length <= r.ep.cfg.RendezvousThreshold && t.unexpBytes+unexpCost(r.length) <= t.cfg.UnexpectedBytes {
 		u.data = make([]byte, r.length)
 		copyFromSegs(u.data, r.segs, 0)
 		u.received = u.msgLen
-		t.unexpBytes += r.length
+		t.unexpBytes += unexpCost(r.length)
 		t.stats.UnexpectedBytes += uint64(r.length)
 		r.buffered = true
 		r.status.XferLen = r.length
