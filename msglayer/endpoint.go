@@ -333,6 +333,9 @@ type Endpoint struct {
 	// done with their buffer (holdFailed).
 	// +checklocks:eng.mu
 	held []*request
+	// heldEvery is how often heldTimers looks at them now.
+	// +checklocks:eng.mu
+	heldEvery int64
 	// +checklocks:eng.mu
 	blockedOnSlot bool
 	// +checklocks:eng.mu
@@ -801,9 +804,13 @@ func (e *Endpoint) complete(r *request, code Code) {
 // readings (about 146 years): a Config duration above it is cut to it.
 const forever = time.Duration(1 << 62)
 
-// heldPoll is how often a failed send held by holdFailed asks the link
-// whether it is done with the send's buffer.
-const heldPoll = int64(100 * time.Microsecond)
+// heldPoll is how often, at first, the endpoint asks the link whether it
+// is done with the buffers of failed sends holdFailed held; each look
+// that lets none go doubles it, up to maxHeldPoll.
+const (
+	heldPoll    = int64(100 * time.Microsecond)
+	maxHeldPoll = int64(10 * time.Millisecond)
+)
 
 // holdFailed holds back the completion of r, a send from a lent buffer
 // failing with code, while the link may still read the buffer: pull
@@ -815,9 +822,9 @@ const heldPoll = int64(100 * time.Microsecond)
 // pulling could take as the message's.
 //
 // The link tells whether any frame sent from the buffer is still out,
-// not whether this send's are; the endpoint's timers ask it (every
-// heldPoll while the driver spins, at its next round when it sleeps)
-// and complete r once it says none is (heldTimers), or after MaxRTO:
+// not whether this send's are; the endpoint's timers ask it (from every
+// heldPoll, less often while it keeps them) and complete r once it says
+// none is (heldTimers), or after MaxRTO:
 // a link that keeps frames longer is broken or stopped (an interface
 // down), or other sends from the buffer keep it busy, and the failure
 // must still be told (HeldCut counts it). Close completes r at once.
@@ -836,6 +843,7 @@ func (e *Endpoint) holdFailed(r *request, code Code) bool {
 	now := g.readClock()
 	r.held, r.laterCode, r.heldEnd = true, code, now+int64(e.cfg.MaxRTO)
 	e.held = append(e.held, r)
+	e.heldEvery = heldPoll
 	e.armAt(now + heldPoll)
 	// A driver asleep in the kernel learns of the timer (a Disconnect,
 	// say, sends no frame that would wake it).
@@ -853,23 +861,37 @@ func (e *Endpoint) heldTimers(now int64) int64 {
 		return 0
 	}
 	kept := e.held[:0]
+	// Sends from one buffer are asked about once a pass: they are often
+	// held together (a pool buffer, a peer given up on).
+	var asked *xdp.Buffer
+	var sent bool
+	end := int64(math.MaxInt64)
 	for _, r := range e.held {
+		if xb := r.zbuf.xb; xb != asked {
+			asked, sent = xb, e.eng.gather.BufferSent(xb)
+		}
 		switch {
-		case e.eng.gather.BufferSent(r.zbuf.xb):
+		case sent:
 		case now >= r.heldEnd:
 			e.stats.HeldCut++
 		default:
 			kept = append(kept, r)
+			end = min(end, r.heldEnd)
 			continue
 		}
 		e.releaseHeld(r)
 	}
+	released := len(kept) < len(e.held)
 	clear(e.held[len(kept):])
 	e.held = kept
 	if len(kept) == 0 {
 		return 0
 	}
-	return now + heldPoll
+	// A link that keeps frames is asked less and less often.
+	if !released {
+		e.heldEvery = min(2*e.heldEvery, maxHeldPoll)
+	}
+	return min(now+e.heldEvery, end)
 }
 
 // releaseHeld completes r, a send holdFailed held, with its failure.
