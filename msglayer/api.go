@@ -53,7 +53,7 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 	} else {
 		r.connID = e.newConnID()
 		r.connDeadline = now + int64(e.cfg.GiveUp)
-		e.peerFor(a) // the connect comes from its id
+		e.peerFor(a).dialed = true // the connect comes from its id
 		e.connects = append(e.connects, r)
 		e.sendConnect(r, now)
 	}

@@ -68,8 +68,8 @@ type Config struct {
 	// MaxPeers bounds the records of peers that connect to the endpoint
 	// (default 1024, as Open-MX's peer table; each costs about 20 KiB with
 	// the default window). A connect from a new address at the bound takes
-	// the record of a peer with nothing under way that is disconnected or
-	// was silent for GiveUp (that peer's next frame is answered as from a
+	// the record of a peer that connected to us (not one we connected to),
+	// with nothing under way, that is disconnected or was silent for GiveUp (that peer's next frame is answered as from a
 	// stranger: it reconnects), or is refused with Aborted
 	// (PeersRefused). Connects made here are not bounded.
 	MaxPeers          int

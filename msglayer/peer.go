@@ -102,6 +102,7 @@ type peer struct {
 	refusedSeq  uint32
 	in          inMsg     // the eager message being reassembled
 	unexps      int       // unexpected messages of the peer queued (unexp.src)
+	dialed      bool      // we connected to it: the record is not given to others (evictable)
 	pulls       int       // active pulls from this peer
 	host        *hostLoad // what pulls wait for from the peer's host (engine.hosts)
 	rndvs       int       // our rendezvous sends to this peer awaiting notify
@@ -191,7 +192,8 @@ func newPeer(e *Endpoint, a Addr) *peer {
 }
 
 // evictable reports whether the record may be forgotten for a new peer's
-// (Endpoint.roomForPeer): nothing is under way with the peer (no frame
+// (Endpoint.roomForPeer): it is not a peer we connected to (MaxPeers
+// bounds those that connect to us), nothing is under way with it (no frame
 // in flight or held, no ack owed, no timer, no pull, rendezvous or
 // unexpected message of its, not a same-process peer), and it is
 // disconnected or was silent for GiveUp. What a forgotten record knew is
@@ -201,7 +203,7 @@ func newPeer(e *Endpoint, a Addr) *peer {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) evictable(now int64) bool {
-	if p.local != nil || p.tm.armed() || p.inAcksDue || p.ackDue != 0 || p.ackQueued ||
+	if p.dialed || p.local != nil || p.tm.armed() || p.inAcksDue || p.ackDue != 0 || p.ackQueued ||
 		p.sendHead != nil || p.nextSeq != p.acked || p.oooCount != 0 || p.in.active ||
 		p.pulls != 0 || p.rndvs != 0 || p.waiting || p.unexps != 0 {
 		return false

@@ -13,6 +13,10 @@ import (
 // forgeConnect hands b a connect from a new address i (MAC and session
 // made of i), with b's key, and returns the reply b sent.
 func forgeConnect(n *manNet, b *Endpoint, i int) (code Code, replied bool) {
+	l := n.lb
+	if b == n.a {
+		l = n.la
+	}
 	g := b.eng
 	src := [6]byte{0x02, 0x11, byte(i >> 16), byte(i >> 8), byte(i), 0}
 	f := make([]byte, 128)
@@ -20,7 +24,7 @@ func forgeConnect(n *manNet, b *Endpoint, i int) (code Code, replied bool) {
 	th := putHeader(f, &g.mac, &src, g.ethType, &h)
 	putConnect(th, b.cfg.Key, 1, 1500)
 	n.deliver(b, padded(f, tConnect, 0))
-	for _, r := range n.lb.take() {
+	for _, r := range l.take() {
 		rh, err := decodeHeader(r)
 		if err != nil || rh.typ != tConnectReply || [6]byte(r[0:6]) != src {
 			continue
@@ -215,5 +219,24 @@ func TestUnexpectedEmptyMessagesBounded(t *testing.T) {
 		if !ok || st.Code != Success {
 			t.Fatalf("receive %d: done %v, %v", i, ok, st.Code)
 		}
+	}
+}
+
+// TestOwnConnectionNotEvicted: the record of a peer this endpoint
+// connected to is not given to strangers at MaxPeers, however long it
+// was idle: a's send to b works after two connects from new addresses.
+func TestOwnConnectionNotEvicted(t *testing.T) {
+	n := newManNetCfg(t, Config{MaxPeers: 2}, Config{}) // a connects to b
+	a, b := n.a, n.b
+	n.clock.Advance(n.giveUp)
+	forgeConnect(n, a, 1) // takes the free record
+	if code, _ := forgeConnect(n, a, 2); code != Aborted {
+		t.Errorf("a connect from a new address with no record to give: %v, want aborted", code)
+	}
+	if _, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 10)}, nil); err != nil {
+		t.Fatalf("a's send to the peer it connected to: %v", err)
+	}
+	if c := a.Counters(); c.PeersEvicted != 0 {
+		t.Errorf("PeersEvicted %d, want 0", c.PeersEvicted)
 	}
 }
