@@ -1255,8 +1255,17 @@ func (p *peer) waitsOn() bool { return p.rndvs > 0 || p.pulls > 0 || p.in.active
 
 // rtoFor is the timeout of a slot after its retries (exponential backoff).
 func (p *peer) rtoFor(s *txSlot) int64 {
-	rto := p.rto << min(s.retries, 10)
-	return min(rto, int64(p.ep.cfg.MaxRTO))
+	return min(backoff(p.rto, int(s.retries)), int64(p.ep.cfg.MaxRTO))
+}
+
+// backoff is timeout d doubled per retry, at most 10 times, saturating
+// (MaxRTO may be "never", 2^62 ns).
+func backoff(d int64, retries int) int64 {
+	k := min(retries, 10)
+	if d > math.MaxInt64>>k {
+		return math.MaxInt64
+	}
+	return d << k
 }
 
 // die declares the peer unreachable: every pending operation with it

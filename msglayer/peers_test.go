@@ -1,6 +1,7 @@
 package msglayer
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -238,5 +239,20 @@ func TestOwnConnectionNotEvicted(t *testing.T) {
 	}
 	if c := a.Counters(); c.PeersEvicted != 0 {
 		t.Errorf("PeersEvicted %d, want 0", c.PeersEvicted)
+	}
+}
+
+func TestBackoffSaturates(t *testing.T) {
+	for _, c := range []struct {
+		d       int64
+		retries int
+		want    int64
+	}{
+		{5, 0, 5}, {5, 3, 40}, {5, 50, 5 << 10},
+		{int64(forever), 1, math.MaxInt64}, {1 << 53, 10, math.MaxInt64}, {1<<53 - 1, 10, (1<<53 - 1) << 10},
+	} {
+		if got := backoff(c.d, c.retries); got != c.want {
+			t.Errorf("backoff(%d, %d) = %d, want %d", c.d, c.retries, got, c.want)
+		}
 	}
 }

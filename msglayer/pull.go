@@ -64,7 +64,7 @@ type probedBlock struct {
 // probed; a block whose frames were lost is found sooner, when a block
 // requested after it completes (onPullReply).
 func (b *pullBlock) due(pl *pull, maxRTO int64) int64 {
-	return max(b.sentAt, pl.lastProgress) + min(pl.peer.pullTimeout()<<min(b.retries, 10), maxRTO)
+	return max(b.sentAt, pl.lastProgress) + min(backoff(pl.peer.pullTimeout(), b.retries), maxRTO)
 }
 
 // reRequestOvertaken asks again for the missing frames of the blocks
