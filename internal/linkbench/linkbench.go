@@ -35,13 +35,14 @@ type PingPongResult struct {
 const MaxRoundTrips = 1 << 26
 
 // PingPong sends n size-byte frames from a to b one at a time (after warmup
-// unmeasured ones); b echoes each back. It returns the round trips.
+// unmeasured ones); b echoes each back. It returns the round trips (none
+// for n 0: a warm-up, as the benchmarks' first round of b.N 1 needs).
 func PingPong(a, b xdp.Link, size, warmup, n int) (PingPongResult, error) {
 	if size < xdp.MinFrameLen || size > xdp.MaxFrameLen(a) {
 		return PingPongResult{}, fmt.Errorf("linkbench: ping-pong frame size %d out of [%d, %d]", size, xdp.MinFrameLen, xdp.MaxFrameLen(a))
 	}
-	if n < 1 || n > MaxRoundTrips || warmup < 0 || warmup > MaxRoundTrips {
-		return PingPongResult{}, fmt.Errorf("linkbench: ping-pong of %d round trips after %d warm-up ones: want 1..%d and 0..%d", n, warmup, MaxRoundTrips, MaxRoundTrips)
+	if n < 0 || n > MaxRoundTrips || warmup < 0 || warmup > MaxRoundTrips {
+		return PingPongResult{}, fmt.Errorf("linkbench: ping-pong of %d round trips after %d warm-up ones: want 0..%d of each", n, warmup, MaxRoundTrips)
 	}
 	var stop atomic.Bool
 	echoErr := make(chan error, 1)

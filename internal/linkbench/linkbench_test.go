@@ -25,12 +25,15 @@ func memPair(t *testing.T) (a, b xdp.Link) {
 func TestPingPongCounts(t *testing.T) {
 	a, b := memPair(t)
 	for _, c := range []struct{ warmup, n int }{
-		{0, 0}, {0, -1}, {-1, 1}, {0, 1 << 62}, {math.MaxInt, 1}, {MaxRoundTrips + 1, 1}, {0, MaxRoundTrips + 1},
+		{0, -1}, {-1, 1}, {0, 1 << 62}, {math.MaxInt, 1}, {MaxRoundTrips + 1, 1}, {0, MaxRoundTrips + 1},
 	} {
 		res, err := PingPong(a, b, 64, c.warmup, c.n)
 		if err == nil || !strings.Contains(err.Error(), "round trips") {
 			t.Errorf("PingPong(warmup %d, n %d) = %d round trips, %v; want an error", c.warmup, c.n, len(res.RTTs), err)
 		}
+	}
+	if res, err := PingPong(a, b, 64, 3, 0); err != nil || len(res.RTTs) != 0 {
+		t.Errorf("PingPong(warmup 3, n 0) = %d round trips, %v; want a warm-up alone", len(res.RTTs), err)
 	}
 	res, err := PingPong(a, b, 64, 2, 5)
 	if err != nil || len(res.RTTs)+res.Lost != 5 {
