@@ -41,6 +41,9 @@ vet:
 # XMX_REQUIRE_PRIVILEGED=1, which turns a skip into a failure).
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m ./...
+	@# Every benchmark once (about 15 s), so that a change that breaks one
+	@# shows here; no figure is checked.
+	$(GO) test -run XXX -bench . -benchtime 1x -timeout 10m ./...
 
 # The first thing to run: a two-host veth lab, an msglayer ping-pong sweep
 # and a stream through it, the raw link floor beside, everything torn down.
