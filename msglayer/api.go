@@ -53,7 +53,7 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 	} else {
 		r.connID = e.newConnID()
 		r.connDeadline = now + int64(e.cfg.GiveUp)
-		e.peerFor(a).dialed = true // the connect comes from its id
+		e.peerFor(a) // the connect comes from its id
 		e.connects = append(e.connects, r)
 		e.sendConnect(r, now)
 	}
@@ -74,6 +74,8 @@ func (e *Endpoint) connectLocal(r *request, a Addr, key uint32, now int64) {
 		e.complete(r, BadKey)
 	default:
 		p, tp := e.peerFor(a), t.peerFor(e.addr)
+		p.setDialed(true) // same-process records are not MaxPeers' either
+		tp.setDialed(true)
 		p.local, p.connected, p.dead, p.mtu = t, true, false, e.eng.mtu
 		tp.local, tp.connected, tp.dead, tp.mtu = e, true, false, e.eng.mtu
 		p.remoteID, p.remoteGen = tp.localID, tp.localGen

@@ -68,8 +68,9 @@ type Config struct {
 	// MaxPeers bounds the records of peers that connect to the endpoint
 	// (default 1024, as Open-MX's peer table; each costs about 20 KiB with
 	// the default window). A connect from a new address at the bound takes
-	// the record of a peer that connected to us (not one we connected to),
-	// with nothing under way, that is disconnected or was silent for GiveUp (that peer's next frame is answered as from a
+	// the record of a peer that connected to us (records of peers we
+	// connected to are neither counted nor taken while connected), with
+	// nothing under way, that is disconnected or was silent for GiveUp (that peer's next frame is answered as from a
 	// stranger: it reconnects), or is refused with Aborted
 	// (PeersRefused). Connects made here are not bounded.
 	MaxPeers          int
@@ -290,6 +291,10 @@ type Endpoint struct {
 	peers map[Addr]*peer
 	// +checklocks:eng.mu
 	lastPeer *peer // the peer last looked up (peerAt); nil when it left peers
+	// dialed counts the records of peers we connected to (peer.dialed),
+	// which MaxPeers does not bound.
+	// +checklocks:eng.mu
+	dialed int
 	// noEvictUntil: a look for an evictable record found none; connects
 	// from new peers are refused until then (roomForPeer).
 	// +checklocks:eng.mu
@@ -1098,7 +1103,7 @@ const evictScanPause = int64(time.Millisecond)
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) roomForPeer(now int64) bool {
-	if len(e.peers) < e.cfg.MaxPeers {
+	if len(e.peers)-e.dialed < e.cfg.MaxPeers {
 		return true
 	}
 	if now < e.noEvictUntil {

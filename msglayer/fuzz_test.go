@@ -1263,7 +1263,15 @@ func endpointInvariants(e *Endpoint) string {
 	if n != e.match.nRecvs {
 		return fmt.Sprintf("%d receives queued, nRecvs %d", n, e.match.nRecvs)
 	}
-	held := 0
+	held, dialed := 0, 0
+	for _, p := range e.peers {
+		if p.dialed {
+			dialed++
+		}
+	}
+	if dialed != e.dialed {
+		return fmt.Sprintf("%d records of peers we connected to, counted %d", dialed, e.dialed)
+	}
 	for a, p := range e.peers {
 		full := 0
 		for i := range p.ooo {

@@ -100,15 +100,18 @@ type peer struct {
 	// let it queue): its rendezvous version is not shown again.
 	refusedSeen bool
 	refusedSeq  uint32
-	in          inMsg     // the eager message being reassembled
-	unexps      int       // unexpected messages of the peer queued (unexp.src)
-	dialed      bool      // we connected to it: the record is not given to others (evictable)
-	pulls       int       // active pulls from this peer
-	host        *hostLoad // what pulls wait for from the peer's host (engine.hosts)
-	rndvs       int       // our rendezvous sends to this peer awaiting notify
-	kaSent      int64     // last keepalive
-	waiting     bool      // we wait on the peer for a notify or pull data
-	waitStart   int64     // since when
+	in          inMsg // the eager message being reassembled
+	unexps      int   // unexpected messages of the peer queued (unexp.src)
+	// dialed: our connect to the peer succeeded (until a reset): the
+	// record is neither counted against MaxPeers nor given to others
+	// (evictable, Endpoint.dialed).
+	dialed    bool
+	pulls     int       // active pulls from this peer
+	host      *hostLoad // what pulls wait for from the peer's host (engine.hosts)
+	rndvs     int       // our rendezvous sends to this peer awaiting notify
+	kaSent    int64     // last keepalive
+	waiting   bool      // we wait on the peer for a notify or pull data
+	waitStart int64     // since when
 
 	// resets counts clear()s: a handler, which runs unlocked, that sees
 	// it change finds its peer's exchange forgotten (Disconnect, reset).
@@ -191,9 +194,24 @@ func newPeer(e *Endpoint, a Addr) *peer {
 	return p
 }
 
+// setDialed marks (or unmarks) the record as one of a peer we connected
+// to, keeping the endpoint's count of them.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) setDialed(on bool) {
+	if p.dialed != on {
+		p.dialed = on
+		if on {
+			p.ep.dialed++
+		} else {
+			p.ep.dialed--
+		}
+	}
+}
+
 // evictable reports whether the record may be forgotten for a new peer's
-// (Endpoint.roomForPeer): it is not a peer we connected to (MaxPeers
-// bounds those that connect to us), nothing is under way with it (no frame
+// (Endpoint.roomForPeer): it is not a peer we connected to (dialed:
+// MaxPeers bounds those that connect to us), nothing is under way with it (no frame
 // in flight or held, no ack owed, no timer, no pull, rendezvous or
 // unexpected message of its, not a same-process peer), and it is
 // disconnected or was silent for GiveUp. What a forgotten record knew is
@@ -348,6 +366,7 @@ func (p *peer) took(x, connID uint32) {
 // +checklocks:p.ep.eng.mu
 func (p *peer) reset(code Code) {
 	p.clear(code)
+	p.setDialed(false)
 	p.connected = false
 	p.newID()
 }

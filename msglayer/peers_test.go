@@ -227,10 +227,10 @@ func TestUnexpectedEmptyMessagesBounded(t *testing.T) {
 // connected to is not given to strangers at MaxPeers, however long it
 // was idle: a's send to b works after two connects from new addresses.
 func TestOwnConnectionNotEvicted(t *testing.T) {
-	n := newManNetCfg(t, Config{MaxPeers: 2}, Config{}) // a connects to b
+	n := newManNetCfg(t, Config{MaxPeers: 1}, Config{}) // a connects to b
 	a, b := n.a, n.b
 	n.clock.Advance(n.giveUp)
-	forgeConnect(n, a, 1) // takes the free record
+	forgeConnect(n, a, 1) // takes the one record MaxPeers allows
 	if code, _ := forgeConnect(n, a, 2); code != Aborted {
 		t.Errorf("a connect from a new address with no record to give: %v, want aborted", code)
 	}
@@ -253,6 +253,41 @@ func TestBackoffSaturates(t *testing.T) {
 	} {
 		if got := backoff(c.d, c.retries); got != c.want {
 			t.Errorf("backoff(%d, %d) = %d, want %d", c.d, c.retries, got, c.want)
+		}
+	}
+}
+
+// TestDialedRecordsNotCounted: records of peers this endpoint connected
+// to do not count against MaxPeers, and one whose connect failed, or that
+// we disconnected from, is like any other: given to a stranger once idle.
+func TestDialedRecordsNotCounted(t *testing.T) {
+	n := newManNetCfg(t, Config{MaxPeers: 1}, Config{}) // a connects to b
+	a := n.a
+	if code, _ := forgeConnect(n, a, 1); code != Success {
+		t.Fatalf("a stranger's connect beside a's own connection, MaxPeers 1: %v, want success", code)
+	}
+	if code, _ := forgeConnect(n, a, 2); code != Aborted {
+		t.Fatalf("a second stranger's, MaxPeers 1: %v, want aborted", code)
+	}
+
+	ghost := Addr{MAC: [6]byte{0x02, 0x77, 0, 0, 0, 1}, EP: 3}
+	r, err := a.IConnect(ghost, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.la.take()
+	n.clock.Advance(n.giveUp * 2)
+	n.timers(a)
+	n.la.take()
+	mustComplete(t, a, r, Timeout, "a connect nobody answers")
+	a.Disconnect(n.b.Addr())
+	n.la.take()
+	n.clock.Advance(n.giveUp * 2)
+	// The stranger's record (silent for GiveUp), the ghost's and b's
+	// (disconnected) may all go now.
+	for i := range 3 {
+		if code, _ := forgeConnect(n, a, 10+i); code != Success {
+			t.Fatalf("stranger %d with idle records to give: %v, want success", i, code)
 		}
 	}
 }

@@ -259,6 +259,7 @@ func (e *Endpoint) onConnectReply(src Addr, h *header, th []byte, now int64) {
 			switch {
 			case !p.connected || p.is(x, gen) || (p.sameSelf(x, gen) && !p.older(x, gen)):
 				p.pair(x, gen)
+				p.setDialed(true)
 			case p.older(x, gen):
 				return
 			default:
