@@ -338,9 +338,10 @@ type Endpoint struct {
 	// done with their buffer (holdFailed).
 	// +checklocks:eng.mu
 	held []*request
-	// heldEvery is how often heldTimers looks at them now.
+	// heldEvery is how often heldTimers looks at them now, heldNext
+	// when it looks next.
 	// +checklocks:eng.mu
-	heldEvery int64
+	heldEvery, heldNext int64
 	// +checklocks:eng.mu
 	blockedOnSlot bool
 	// +checklocks:eng.mu
@@ -848,8 +849,8 @@ func (e *Endpoint) holdFailed(r *request, code Code) bool {
 	now := g.readClock()
 	r.held, r.laterCode, r.heldEnd = true, code, now+int64(e.cfg.MaxRTO)
 	e.held = append(e.held, r)
-	e.heldEvery = heldPoll
-	e.armAt(now + heldPoll)
+	e.heldEvery, e.heldNext = heldPoll, now+heldPoll
+	e.armAt(e.heldNext)
 	// A driver asleep in the kernel learns of the timer (a Disconnect,
 	// say, sends no frame that would wake it).
 	g.signal()
@@ -864,6 +865,9 @@ func (e *Endpoint) holdFailed(r *request, code Code) bool {
 func (e *Endpoint) heldTimers(now int64) int64 {
 	if len(e.held) == 0 {
 		return 0
+	}
+	if now < e.heldNext {
+		return e.heldNext // the endpoint's other timers ran
 	}
 	kept := e.held[:0]
 	// Sends from one buffer are asked about once a pass: they are often
@@ -896,7 +900,8 @@ func (e *Endpoint) heldTimers(now int64) int64 {
 	if !released {
 		e.heldEvery = min(2*e.heldEvery, maxHeldPoll)
 	}
-	return min(now+e.heldEvery, end)
+	e.heldNext = min(now+e.heldEvery, end)
+	return e.heldNext
 }
 
 // releaseHeld completes r, a send holdFailed held, with its failure.
