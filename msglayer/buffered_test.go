@@ -55,53 +55,79 @@ func TestIbufferedWhileRepliesPinned(t *testing.T) {
 	}
 }
 
+// lateGroupSend opens a connected pair and sends a large message from b
+// through a new group, with a pull reply held as waiting to be built from
+// the send's data (txRefs): closed now, the send completes only once the
+// test unpins it, as after a flush under way.
+func lateGroupSend(t *testing.T) (b *Endpoint, grp *Group, r *request) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	grp = b.NewGroup()
+	h, err := grp.Isend(a.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.eng.mu.Lock()
+	h.r.txRefs++
+	b.eng.mu.Unlock()
+	return b, grp, h.r
+}
+
+// unpinLate lets r's held pull reply go (lateGroupSend).
+func unpinLate(b *Endpoint, r *request) {
+	b.eng.mu.Lock()
+	b.eng.unpin(r)
+	b.eng.mu.Unlock()
+}
+
+// groupResult is what a Group.Wait returned.
+type groupResult struct {
+	st  Status
+	err error
+}
+
+// theSend reports whether the Wait returned lateGroupSend's send, closed.
+func (r groupResult) theSend() bool { return r.st.Code == Closed && r.st.Match == 5 }
+
+// over reports whether the Wait returned ErrClosed: the group is over.
+func (r groupResult) over() bool { return r.st == (Status{}) && errors.Is(r.err, ErrClosed) }
+
+// groupWait runs grp.Wait with a timeout in a goroutine of its own; the
+// channel gets its result.
+func groupWait(grp *Group, timeout time.Duration) <-chan groupResult {
+	got := make(chan groupResult, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		st, err := grp.Wait(ctx)
+		got <- groupResult{st, err}
+	}()
+	return got
+}
+
 // TestGroupWaitsForLateCompletion: a send of a group whose pull replies
 // are still to be sent when its endpoint closes completes once they are
 // out; a Wait on the group meanwhile waits for that completion rather
 // than report ErrClosed with a request of the group still to come.
 func TestGroupWaitsForLateCompletion(t *testing.T) {
-	a, b, _, _ := connectedPair(t, Config{}, Config{})
-	grp := b.NewGroup()
-	h, err := grp.Isend(a.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := b.eng
-	g.mu.Lock()
-	h.r.txRefs++ // a pull reply waits to be built from the send's data
-	g.mu.Unlock()
+	b, grp, r := lateGroupSend(t)
 	b.Close()
-	type result struct {
-		st  Status
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		st, err := grp.Wait(ctx)
-		got <- result{st, err}
-	}()
+	got := groupWait(grp, 10*time.Second)
 	select {
-	case r := <-got:
-		t.Fatalf("Group.Wait returned %v, %v before the send's completion", r.st.Code, r.err)
+	case res := <-got:
+		t.Fatalf("Group.Wait returned %+v before the send's completion", res)
 	case <-time.After(50 * time.Millisecond):
 	}
-	g.mu.Lock()
-	g.unpin(h.r) // the reply is out
-	g.mu.Unlock()
+	unpinLate(b, r) // the reply is out
 	select {
-	case r := <-got:
-		if r.st.Code != Closed {
-			t.Errorf("Group.Wait: %v, %v; want the send, closed", r.st.Code, r.err)
+	case res := <-got:
+		if !res.theSend() {
+			t.Errorf("Group.Wait: %+v; want the send's status, closed", res)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("Group.Wait did not return the send's late completion")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := grp.Wait(ctx); !errors.Is(err, ErrClosed) {
-		t.Errorf("Group.Wait with nothing left: %v, want ErrClosed", err)
+	if res := <-groupWait(grp, 5*time.Second); !res.over() {
+		t.Errorf("Group.Wait with nothing left: %+v, want ErrClosed", res)
 	}
 }
 
@@ -109,34 +135,16 @@ func TestGroupWaitsForLateCompletion(t *testing.T) {
 // its endpoint closed is the last the group waited for: a Wait on it
 // returns ErrClosed then (it used to wait for a wake that never came).
 func TestGroupForgottenLate(t *testing.T) {
-	a, b, _, _ := connectedPair(t, Config{}, Config{})
-	grp := b.NewGroup()
-	h, err := grp.Isend(a.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := b.eng
-	g.mu.Lock()
-	h.r.txRefs++
-	g.mu.Unlock()
-	r := h.r
-	if err := b.Forget(h); err != nil {
+	b, grp, r := lateGroupSend(t)
+	if err := b.Forget(Request{r, r.gen}); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
-	got := make(chan error, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		_, err := grp.Wait(ctx)
-		got <- err
-	}()
+	got := groupWait(grp, 3*time.Second)
 	time.Sleep(50 * time.Millisecond)
-	g.mu.Lock()
-	g.unpin(r)
-	g.mu.Unlock()
-	if err := <-got; !errors.Is(err, ErrClosed) {
-		t.Fatalf("Group.Wait: %v, want ErrClosed", err)
+	unpinLate(b, r)
+	if res := <-got; !res.over() {
+		t.Fatalf("Group.Wait: %+v, want ErrClosed", res)
 	}
 }
 
@@ -144,42 +152,24 @@ func TestGroupForgottenLate(t *testing.T) {
 // one takes it, the other returns ErrClosed (it used to wait on, its wake
 // taken by the first).
 func TestGroupTwoWaitersLate(t *testing.T) {
-	a, b, _, _ := connectedPair(t, Config{}, Config{})
-	grp := b.NewGroup()
-	h, err := grp.Isend(a.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := b.eng
-	g.mu.Lock()
-	h.r.txRefs++
-	g.mu.Unlock()
-	got := make(chan error, 2)
-	for range 2 {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			defer cancel()
-			_, err := grp.Wait(ctx)
-			got <- err
-		}()
-	}
+	b, grp, r := lateGroupSend(t)
+	got := []<-chan groupResult{groupWait(grp, 3*time.Second), groupWait(grp, 3*time.Second)}
 	time.Sleep(50 * time.Millisecond)
 	b.Close()
 	time.Sleep(50 * time.Millisecond)
-	g.mu.Lock()
-	g.unpin(h.r)
-	g.mu.Unlock()
-	var errs []error
-	for range 2 {
-		errs = append(errs, <-got)
-	}
-	closed := 0
-	for _, err := range errs {
-		if errors.Is(err, ErrClosed) {
-			closed++
+	unpinLate(b, r)
+	var res []groupResult
+	sends, over := 0, 0
+	for _, c := range got {
+		r := <-c
+		res = append(res, r)
+		if r.theSend() {
+			sends++
+		} else if r.over() {
+			over++
 		}
 	}
-	if closed != 2 { // the send's status is Closed too
-		t.Fatalf("the two Group.Waits: %v; want the send's completion (closed) and ErrClosed", errs)
+	if sends != 1 || over != 1 {
+		t.Fatalf("the two Group.Waits: %+v; want the send's completion (closed) and ErrClosed", res)
 	}
 }

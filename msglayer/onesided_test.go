@@ -2,6 +2,7 @@ package msglayer_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -227,17 +228,7 @@ func TestDoubleDeregister(t *testing.T) {
 // TestLocalOneSidedCounted: Puts and Gets between endpoints of one engine
 // count as the network ones do.
 func TestLocalOneSidedCounted(t *testing.T) {
-	w := memWorld(t, xdp.MemConfig{Seed: 1})
-	_, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
-	c := w.open(t, 1, msglayer.Config{EndpointID: 3, Key: 3}) // b's engine
-	ctx := ctxFor(t, 10*time.Second)
-	if err := c.Connect(ctx, b.Addr(), 0xb); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := b.Register(make([]byte, 4096))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, c, reg, ctx := localTarget(t)
 	defer b.Deregister(reg)
 	bIn := b.Counters().PutsIn
 	p, _ := c.IPut(b.Addr(), reg.Mem, 0, [][]byte{[]byte("hello")}, nil)
@@ -287,17 +278,7 @@ func TestZeroLengthGetChecked(t *testing.T) {
 // network), not BadRegion after a look at its regions, and counts
 // nothing at the closed endpoint.
 func TestLocalOneSidedToClosed(t *testing.T) {
-	w := memWorld(t, xdp.MemConfig{})
-	_, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
-	c := w.open(t, 1, msglayer.Config{EndpointID: 3, Key: 3}) // b's engine
-	ctx := ctxFor(t, 10*time.Second)
-	if err := c.Connect(ctx, b.Addr(), 0xb); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := b.Register(make([]byte, 4096))
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, c, reg, ctx := localTarget(t)
 	b.Close()
 	before := b.Counters()
 	s, _ := c.Isend(b.Addr(), 1, [][]byte{[]byte("x")}, nil)
@@ -312,4 +293,22 @@ func TestLocalOneSidedToClosed(t *testing.T) {
 	if after := b.Counters(); after.PutsIn != before.PutsIn || after.RegionRefused != before.RegionRefused {
 		t.Errorf("the closed endpoint counted PutsIn %d, RegionRefused %d (before %d, %d)", after.PutsIn, after.RegionRefused, before.PutsIn, before.RegionRefused)
 	}
+}
+
+// localTarget opens b (of a connected pair) and c on b's engine,
+// connected to b, and registers 4 KiB at b for their one-sided calls.
+func localTarget(t *testing.T) (b, c *msglayer.Endpoint, reg msglayer.Registration, ctx context.Context) {
+	t.Helper()
+	w := memWorld(t, xdp.MemConfig{Seed: 1})
+	_, b = w.pair(t, msglayer.Config{}, msglayer.Config{})
+	c = w.open(t, 1, msglayer.Config{EndpointID: 3, Key: 3})
+	ctx = ctxFor(t, 10*time.Second)
+	if err := c.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := b.Register(make([]byte, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, c, reg, ctx
 }

@@ -188,23 +188,12 @@ func TestPublishedNotFromTests(t *testing.T) {
 // the race detector, and that a client never sees a closing endpoint).
 func TestPublishedChurn(t *testing.T) {
 	dir := publishDir(t)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := ReadPublished(dir); err != nil {
-				t.Error(err)
-				return
-			}
+	stopReading := readAlong(dir, func(err error) bool {
+		if err != nil {
+			t.Error(err)
 		}
-	}()
+		return err == nil
+	})
 	for i := 0; i < 50; i++ {
 		la, lb := xdp.NewPair(xdp.MemConfig{})
 		a, err := Open(Config{Link: la, OwnLink: true, EndpointID: 1})
@@ -218,8 +207,7 @@ func TestPublishedChurn(t *testing.T) {
 		a.Close()
 		b.Close()
 	}
-	close(stop)
-	wg.Wait()
+	stopReading()
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("left in the run directory: %v", ents)
 	}
@@ -233,21 +221,7 @@ func TestPublishedChurn(t *testing.T) {
 func TestReaderLeavesLiveSocket(t *testing.T) {
 	dir := publishDir(t)
 	sock := filepath.Join(dir, strconv.Itoa(os.Getpid())+".sock")
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			ReadPublished(dir)
-		}
-	}()
-	defer func() { close(stop); wg.Wait() }()
+	defer readAlong(dir, func(error) bool { return true })()
 	opens := 0
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); opens++ {
 		la, _ := xdp.NewPair(xdp.MemConfig{})
@@ -269,4 +243,27 @@ func TestReaderLeavesLiveSocket(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Errorf("left in the directory: %v", ents)
 	}
+}
+
+// readAlong reads the counters in dir again and again in a goroutine of
+// its own, handing each error to more, until more says false or the
+// returned stop is called (which waits for the goroutine).
+func readAlong(dir string, more func(error) bool) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			if _, err := ReadPublished(dir); !more(err) {
+				return
+			}
+		}
+	}()
+	return func() { close(done); wg.Wait() }
 }
