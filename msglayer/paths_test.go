@@ -127,6 +127,33 @@ func TestHandlerSeesSamePaths(t *testing.T) {
 	}
 }
 
+// TestHandlerSeesSamePathsAboveThreshold: a message in one frame's reach
+// but above the sender's rendezvous threshold goes by rendezvous, and the
+// handler sees no data, over the network and in the process alike (the
+// same-process path used to show it the data, then tell the sender
+// nothing was delivered).
+func TestHandlerSeesSamePathsAboveThreshold(t *testing.T) {
+	var got []bool
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		got = append(got, m.Data != nil)
+		return msglayer.Finished
+	}
+	a, b, c, _ := threeEPs(t, msglayer.Config{RendezvousThreshold: 1024}, h)
+	ctx := ctxFor(t, 10*time.Second)
+	for _, dst := range []*msglayer.Endpoint{b, c} {
+		s, err := a.Isend(dst.Addr(), 1, [][]byte{make([]byte, 1200)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 2 || got[0] || got[1] {
+		t.Errorf("the handler saw data (network, same process): %v; want none for a rendezvous", got)
+	}
+}
+
 // TestHandlerGatheredDataQueues checks that a small multi-segment
 // same-process message the handler lets queue arrives whole.
 func TestHandlerGatheredDataQueues(t *testing.T) {

@@ -231,11 +231,12 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 			return false
 		}
 		// The handler sees what it would over the network: the data of a
-		// message that would go in one eager frame, in a buffer of ours
-		// (as a frame would be): Close or Disconnect may complete the
-		// send while the handler runs, and the sender reuse its memory.
+		// message that would go in one eager frame (eager: not above the
+		// sender's rendezvous threshold), in a buffer of ours (as a frame
+		// would be): Close or Disconnect may complete the send while the
+		// handler runs, and the sender reuse its memory.
 		var data []byte
-		if !r.sync && r.length <= tp.eagerPayload() {
+		if !r.sync && r.length <= min(tp.eagerPayload(), e.cfg.RendezvousThreshold) {
 			g := e.eng
 			if cap(g.localData) < r.length {
 				g.localData = make([]byte, tp.eagerPayload())
