@@ -536,7 +536,8 @@ func hello(e *msglayer.Endpoint, to msglayer.Addr, size, window int, timeout tim
 
 // answerWatch ends a measurement whose peer stopped answering: a receive
 // names no peer, so its wait would last for ever. It cancels the context
-// when msglayer gives up on the peer, or when for timeout no answer came
+// when msglayer gives up on the peer or the peer forgot our session (a
+// restarted server refuses our frames), or when for timeout no answer came
 // and nothing was heard from the peer (it may have died with nothing of
 // ours in flight; a slow answer, a large message, is heard meanwhile:
 // pull requests, data, acks). The measuring loop calls tick at each
@@ -568,6 +569,11 @@ func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duratio
 					case p.Addr != peer:
 					case p.Dead:
 						cancel(fmt.Errorf("peer %v stopped answering: %w", peer, msglayer.ErrUnreachable))
+						return
+					case !p.Connected:
+						// Its refusal reset us (a ping's send fails at once,
+						// but the loop waits for the pong).
+						cancel(fmt.Errorf("peer %v forgot our session (its server restarted?): %w", peer, msglayer.ErrBadSession))
 						return
 					case now.Sub(since) >= timeout && p.LastHeard >= timeout:
 						cancel(fmt.Errorf("no answer from %v, and nothing heard from it, for %v (-timeout): has its server stopped?", peer, timeout))

@@ -200,3 +200,48 @@ func TestRecvPool(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchEndsForgottenSession: a server that restarts (same address, a
+// new session) refuses the client's next ping: the measurement ends at
+// once, saying the server forgot the session, rather than after -timeout
+// blaming a stopped server.
+func TestWatchEndsForgottenSession(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l0, l1 := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { l0.Close(); l1.Close() })
+	open := func(l xdp.Link, id uint8) *msglayer.Endpoint {
+		e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: id, Key: uint32(id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	srv := open(l1, 2)
+	go serve(srv, 64<<10, defaultMaxRecvBytes, false, io.Discard)
+	cl := open(l0, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cl.Connect(ctx, srv.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := hello(cl, srv.Addr(), 8, 1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	wctx, watch := watchAnswers(cl, srv.Addr(), 2*time.Second)
+	defer watch.stop()
+	if _, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	srv2 := open(l1, 2) // the restarted server
+	go serve(srv2, 64<<10, defaultMaxRecvBytes, false, io.Discard)
+	start := time.Now()
+	_, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false)
+	if err == nil || !strings.Contains(err.Error(), "forgot our session") {
+		t.Fatalf("ping-pong with a restarted server: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("ended after %v, with -timeout 2s", d)
+	}
+}
