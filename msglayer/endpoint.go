@@ -1108,31 +1108,29 @@ const evictScanPause = int64(time.Millisecond)
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) roomForPeer(now int64) bool {
-	if len(e.peers)-e.dialed < e.cfg.MaxPeers {
+	// need: records to give up for one more within the bound; more than
+	// one when records counted again (dialed ones reset) went past it.
+	need := len(e.peers) - e.dialed - e.cfg.MaxPeers + 1
+	if need <= 0 {
 		return true
 	}
 	if now < e.noEvictUntil {
 		return false
 	}
-	var quiet *peer // a connected one silent for GiveUp
-	for _, p := range e.peers {
-		if !p.evictable(now) || e.connecting(p.addr) {
-			continue
-		}
-		if !p.connected {
-			e.evict(p)
-			return true
-		}
-		if quiet == nil {
-			quiet = p
+	// Disconnected records first, then connected ones silent for GiveUp.
+	for _, quiet := range [2]bool{false, true} {
+		for _, p := range e.peers {
+			if need > 0 && p.connected == quiet && p.evictable(now) && !e.connecting(p.addr) {
+				e.evict(p)
+				need--
+			}
 		}
 	}
-	if quiet != nil {
-		e.evict(quiet)
-		return true
+	if need > 0 {
+		e.noEvictUntil = now + evictScanPause
+		return false
 	}
-	e.noEvictUntil = now + evictScanPause
-	return false
+	return true
 }
 
 // connecting reports whether a connect of ours to a is pending.

@@ -213,7 +213,7 @@ func (p *peer) setDialed(on bool) {
 // (Endpoint.roomForPeer): it is not a peer we connected to (dialed:
 // MaxPeers bounds those that connect to us), nothing is under way with it (no frame
 // in flight or held, no ack owed, no timer, no pull, rendezvous or
-// unexpected message of its, not a same-process peer), and it is
+// unexpected message of its, not a connected same-process peer), and it is
 // disconnected or was silent for GiveUp. What a forgotten record knew is
 // its ids: a connected peer's next frame is answered as a stranger's
 // (it reconnects), and a late connect of one of its old ids can pair
@@ -221,7 +221,7 @@ func (p *peer) setDialed(on bool) {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) evictable(now int64) bool {
-	if p.dialed || p.local != nil || p.tm.armed() || p.inAcksDue || p.ackDue != 0 || p.ackQueued ||
+	if p.dialed || p.local != nil && p.connected || p.tm.armed() || p.inAcksDue || p.ackDue != 0 || p.ackQueued ||
 		p.sendHead != nil || p.nextSeq != p.acked || p.oooCount != 0 || p.in.active ||
 		p.pulls != 0 || p.rndvs != 0 || p.waiting || p.unexps != 0 {
 		return false
@@ -385,6 +385,7 @@ func (p *peer) pair(x, gen uint32) {
 	sameSelf := p.sameSelf(x, gen)
 	if leaving {
 		p.clear(BadSession)
+		p.setDialed(false) // ours no more (onConnectReply marks it again)
 	}
 	p.remoteID, p.remoteGen = x, gen
 	p.connected, p.dead, p.local = true, false, nil

@@ -284,10 +284,51 @@ func TestDialedRecordsNotCounted(t *testing.T) {
 	n.la.take()
 	n.clock.Advance(n.giveUp * 2)
 	// The stranger's record (silent for GiveUp), the ghost's and b's
-	// (disconnected) may all go now.
-	for i := range 3 {
-		if code, _ := forgeConnect(n, a, 10+i); code != Success {
-			t.Fatalf("stranger %d with idle records to give: %v, want success", i, code)
-		}
+	// (disconnected) all go now: the records are within the bound again.
+	if code, _ := forgeConnect(n, a, 10); code != Success {
+		t.Fatalf("a stranger with idle records to give: %v, want success", code)
+	}
+	a.eng.mu.Lock()
+	left := len(a.peers)
+	a.eng.mu.Unlock()
+	if left != 1 {
+		t.Errorf("%d records left, want the new stranger's alone", left)
+	}
+}
+
+// TestLocalDisconnectedRecordGiven: the record of a same-process peer
+// that disconnected is like any idle one: given to a stranger at
+// MaxPeers (it used to hold its place for good).
+func TestLocalDisconnectedRecordGiven(t *testing.T) {
+	n := newManNetCfg(t, Config{MaxPeers: 1}, Config{})
+	a := n.a
+	c := n.openCfg(n.la, 3, 3, Config{})
+	r, _ := c.IConnect(a.Addr(), 0xa, nil)
+	mustComplete(t, c, r, Success, "same-process connect")
+	c.Disconnect(a.Addr())
+	n.clock.Advance(n.giveUp * 2)
+	if code, _ := forgeConnect(n, a, 1); code != Success {
+		t.Errorf("a stranger's connect after the same-process peer left, MaxPeers 1: %v, want success", code)
+	}
+}
+
+// TestRecordsBackWithinBound: records counted again past MaxPeers (peers
+// we connected to, disconnected) are given up together at the next
+// stranger's connect, until the records are within the bound again.
+func TestRecordsBackWithinBound(t *testing.T) {
+	n := newManNetCfg(t, Config{MaxPeers: 1}, Config{}) // a connects to b
+	a := n.a
+	forgeConnect(n, a, 1) // the one counted record
+	a.Disconnect(n.b.Addr())
+	n.la.take()
+	n.clock.Advance(n.giveUp * 2) // both records idle: 2 counted, bound 1
+	if code, _ := forgeConnect(n, a, 2); code != Success {
+		t.Fatalf("a stranger's connect with idle records: %v, want success", code)
+	}
+	a.eng.mu.Lock()
+	counted := len(a.peers) - a.dialed
+	a.eng.mu.Unlock()
+	if counted != 1 {
+		t.Errorf("%d records counted after the stranger's connect, MaxPeers 1", counted)
 	}
 }

@@ -573,7 +573,7 @@ func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duratio
 					case !p.Connected:
 						// Its refusal reset us (a ping's send fails at once,
 						// but the loop waits for the pong).
-						cancel(fmt.Errorf("peer %v forgot our session (its server restarted?): %w", peer, msglayer.ErrBadSession))
+						cancel(fmt.Errorf("peer %v ended our session (its server restarted, or refused or forgot us): %w", peer, msglayer.ErrBadSession))
 						return
 					case now.Sub(since) >= timeout && p.LastHeard >= timeout:
 						cancel(fmt.Errorf("no answer from %v, and nothing heard from it, for %v (-timeout): has its server stopped?", peer, timeout))

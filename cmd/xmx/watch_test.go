@@ -238,7 +238,7 @@ func TestWatchEndsForgottenSession(t *testing.T) {
 	go serve(srv2, 64<<10, defaultMaxRecvBytes, false, io.Discard)
 	start := time.Now()
 	_, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false)
-	if err == nil || !strings.Contains(err.Error(), "forgot our session") {
+	if err == nil || !strings.Contains(err.Error(), "ended our session") {
 		t.Fatalf("ping-pong with a restarted server: %v", err)
 	}
 	if d := time.Since(start); d > time.Second {
