@@ -1635,5 +1635,20 @@ func (g *engine) stop() error {
 		g.waker.Wake()
 	}
 	<-g.bgDone
+	// An API call may still drive: a Wait the Close woke, between its
+	// look at closed and its receive. Wait until it lets go (it leaves
+	// at its next look), so that it takes no frame of the engine an Open
+	// makes next on a given link. Any driver after it sees closed first.
+	tick := time.NewTicker(time.Millisecond)
+	for !g.drive.tryTake() {
+		if g.waker != nil {
+			g.waker.Wake()
+		}
+		if waitToken(&g.drive, nil, tick.C) == tokenTaken {
+			break
+		}
+	}
+	tick.Stop()
+	g.drive.release()
 	return g.link.Close()
 }

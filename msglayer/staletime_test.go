@@ -1,6 +1,8 @@
 package msglayer
 
 import (
+	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,4 +201,77 @@ func TestInitialRTOAtMostMaxRTO(t *testing.T) {
 		}
 	}
 	t.Error("no retransmission within 1 s")
+}
+
+// TestCloseWaitsForAPIDriver: the Close of a given link's last endpoint
+// returns only once an API call still driving the engine (a Wait the
+// Close woke, between its look at closed and its receive) has let go, so
+// that an Open next on the link gets every frame: a connect to the new
+// endpoint used to be taken by the old engine's driver and answered
+// BadEndpoint.
+func TestCloseWaitsForAPIDriver(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	defer la.Close()
+	defer lb.Close()
+	var armed atomic.Bool
+	atRecv, release := make(chan struct{}), make(chan struct{})
+	testHookSleep = func(bg bool) { // set before, cleared after, the engines run
+		if !bg && armed.CompareAndSwap(true, false) {
+			close(atRecv)
+			<-release
+		}
+	}
+	defer func() { testHookSleep = nil }()
+	cfg := Config{Link: la, EndpointID: 1, Key: 1}
+	old, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := old.Irecv(0, 0, [][]byte{make([]byte, 8)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	go old.Wait(context.Background(), r)
+	<-atRecv // the Wait drives old's link, about to receive
+	closed := make(chan error, 1)
+	go func() { closed <- old.Close() }()
+	select {
+	case err := <-closed:
+		close(release)
+		t.Fatalf("Close returned (%v) while an API call still drove the engine", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return once the API driver let go")
+	}
+	e, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	f := make([]byte, 128)
+	src, dst := [6]byte(lb.HardwareAddr()), e.eng.mac
+	h := header{typ: tConnect, dstEP: 1, srcEP: 2, srcSession: 77}
+	putConnect(putHeader(f, &dst, &src, e.eng.ethType, &h), 1, 99, 1500)
+	if _, err := lb.Send([][]byte{padded(f, tConnect, 0)}); err != nil {
+		t.Fatal(err)
+	}
+	bufs, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+	if n, err := lb.Recv(bufs, sizes, 2*time.Second); n != 1 || err != nil {
+		t.Fatalf("no answer to a connect to the new endpoint: %d, %v", n, err)
+	}
+	rf := bufs[0][:sizes[0]]
+	rh, err := decodeHeader(rf)
+	if err != nil || rh.typ != tConnectReply {
+		t.Fatalf("answer: %v, type %v", err, rh.typ)
+	}
+	th, _ := typeHdr(rf, &rh)
+	if _, code, _ := getConnReply(th); code != Success {
+		t.Errorf("a connect to the endpoint opened after the Close answered %v", code)
+	}
 }
