@@ -67,12 +67,12 @@ type Config struct {
 	MaxUnexpectedRndv int
 	// MaxPeers bounds the records of peers that connect to the endpoint
 	// (default 1024, as Open-MX's peer table; each costs about 20 KiB with
-	// the default window). A connect from a new address at the bound takes
-	// the record of a peer that connected to us (records of peers we
-	// connected to are neither counted nor taken while connected), with
-	// nothing under way, that is disconnected or was silent for GiveUp (that peer's next frame is answered as from a
-	// stranger: it reconnects), or is refused with Aborted
-	// (PeersRefused). Connects made here are not bounded.
+	// the default window); records of peers we connected to are neither
+	// counted nor taken while connected. A connect from a new address at
+	// the bound takes the record of a peer with nothing under way that is
+	// disconnected or was silent for GiveUp (that peer's next frame is
+	// answered as from a stranger: it reconnects), or is refused with
+	// Aborted (PeersRefused).
 	MaxPeers          int
 	Window            int // reliable frames in flight per peer, a power of two (default 256)
 	AckDelay          time.Duration
@@ -1103,8 +1103,8 @@ func (e *Endpoint) peerFor(a Addr) *peer {
 const evictScanPause = int64(time.Millisecond)
 
 // roomForPeer reports whether a record for a new peer may be made: below
-// MaxPeers, or once an idle record (peer.evictable) is given up, one of a
-// disconnected peer first.
+// MaxPeers, or once enough idle records (peer.evictable) are given up to
+// be within it again, those of disconnected peers first.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) roomForPeer(now int64) bool {
