@@ -13,7 +13,7 @@ package xdp
 //
 // The slot is taken off txFree only after Build returns, so a Build that
 // panics leaks nothing, and the frames built before it are sent (the
-// deferred txCommit publishes them).
+// deferred txFinish publishes them and wakes the kernel).
 //
 // Receive side. A single-descriptor packet is shown to Visit in place in the
 // UMEM; a multi-buffer packet is reassembled in rxScratch first (its
@@ -53,6 +53,18 @@ func (l *AFXDPLink) txCommit(p *txBatch) {
 	l.txFrames.Add(uint64(p.frames))
 	l.txBytes.Add(p.bytes)
 	*p = txBatch{}
+}
+
+// txFinish submits the frames built before a Build or Gather that panicked,
+// and wakes the kernel to send them. On every other way out of
+// sendBuiltLocked nothing is left pending: it has done both itself.
+//
+// +checklocks:l.txMu
+func (l *AFXDPLink) txFinish(p *txBatch) {
+	if p.frames > 0 {
+		l.txCommit(p)
+		l.kickTx()
+	}
 }
 
 // SendBuilt implements FrameBuilder: every frame is built in place in the
@@ -112,7 +124,7 @@ const txBurst = 32
 // +checklocks:l.txMu
 func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDPMultiLink, q int) (next, spilled int, err error) {
 	var p txBatch
-	defer l.txCommit(&p) // publishes what was built should Build panic
+	defer l.txFinish(&p) // sends what was built should Build panic
 	// A frame's length is known only once built: secure the TX ring entries
 	// of the longest (with a tail that may start anywhere in a frame).
 	nd := uint32(l.txDescs(l.maxFrame))

@@ -167,6 +167,7 @@ func TestSendBuiltPanic(t *testing.T) {
 	l := newFakeSG(t)
 	half := len(l.txFree)
 	b := &patBuilder{sizes: []int{9014, 200, 300}, panicAt: 2}
+	*l.tx.flags = unix.XDP_RING_NEED_WAKEUP // the kernel waits to be asked
 	func() {
 		defer func() {
 			if recover() == nil {
@@ -182,6 +183,11 @@ func TestSendBuiltPanic(t *testing.T) {
 	if l.txFrames.Load() != 2 || len(l.txFree) != half-2 {
 		t.Fatalf("%d frames counted, %d idle slots; want 2, %d", l.txFrames.Load(), len(l.txFree), half-2)
 	}
+	// And the kernel was asked to send them.
+	if l.wakeups.Load() == 0 {
+		t.Fatal("the frames built before the panic were submitted but the kernel was not woken")
+	}
+	*l.tx.flags = 0
 	// The locks were released.
 	if n, err := l.SendBuilt(1, &patBuilder{sizes: []int{60}, panicAt: -1}); n != 1 || err != nil {
 		t.Fatalf("SendBuilt after a panic = %d, %v", n, err)
