@@ -84,6 +84,11 @@ type AFPacketLink struct {
 	// closed is set by Close before it wakes and waits for the calls in
 	// flight; every call checks it after taking its mutex and while waiting.
 	closed atomic.Bool
+	// gone is the errno with which the kernel said that the interface went
+	// away (0: it has not): the socket, bound to its index, cannot reach it
+	// again. Set once, by a receive (askGone) or a send (ENXIO); read by
+	// every call.
+	gone atomic.Uint32
 
 	// closeMu serialises Close. The descriptors fd (the AF_PACKET socket)
 	// and efd (the eventfd Close signals) change only in Close, which holds
@@ -102,6 +107,7 @@ type AFPacketLink struct {
 	rxIov   []unix.Iovec
 	rxPoll  [3]unix.PollFd // socket POLLIN, eventfd POLLIN, wake eventfd POLLIN
 	rxTimer recvTimer      // bounds a Recv's wait
+	rxSlice unix.Timespec  // a slice of an unbounded wait (goneCheck)
 	// rxVisit holds Batch receive slots of rxSlot bytes into which RecvVisit
 	// receives and where it shows the frames; allocated by the first
 	// RecvVisit.
@@ -368,6 +374,35 @@ func (l *AFPacketLink) opErr(op string, err error) error {
 	return &OpError{Op: op, Interface: l.name, Err: err}
 }
 
+// goneErr is the error of operation op once the interface is gone.
+func (l *AFPacketLink) goneErr(op string) error {
+	return l.opErr(op, interfaceGone(unix.Errno(l.gone.Load())))
+}
+
+// markGone notes that the interface went away (errno says how the kernel
+// told) and returns the error of operation op.
+func (l *AFPacketLink) markGone(op string, errno unix.Errno) error {
+	l.gone.CompareAndSwap(0, uint32(errno))
+	return l.goneErr(op)
+}
+
+// askGone asks the socket, after a receive that failed ENETDOWN or a wait
+// that saw nothing, whether its interface went away: the kernel unbinds a
+// packet socket from a device it unregisters (its index reads -1) and
+// leaves ENETDOWN as its error once, which wakes one wait and no later one.
+// The caller holds rxMu.
+func (l *AFPacketLink) askGone() error {
+	// getsockname by hand: unix.Getsockname allocates, and a timed-out
+	// receive allocates nothing.
+	var sa unix.RawSockaddrLinklayer
+	n := uint32(unsafe.Sizeof(sa))
+	_, _, e := unix.RawSyscall(unix.SYS_GETSOCKNAME, uintptr(l.fd), uintptr(unsafe.Pointer(&sa)), uintptr(unsafe.Pointer(&n)))
+	if e == 0 && sa.Family == unix.AF_PACKET && sa.Ifindex <= 0 {
+		return l.markGone("recv", unix.ENODEV)
+	}
+	return nil
+}
+
 // Send hands frames to the kernel with sendmmsg, Batch at a time, and
 // returns how many it took. It waits while the kernel has no room (EAGAIN,
 // or ENOBUFS when the driver or the peer's queue dropped the frame, which it
@@ -514,6 +549,9 @@ func (l *AFPacketLink) dropTails(k int) {
 // sendBatch sends txMsgs[:k] and returns how many went; it returns fewer
 // only with an error. The caller holds txMu.
 func (l *AFPacketLink) sendBatch(k int) (int, error) {
+	if l.gone.Load() != 0 {
+		return 0, l.goneErr("send")
+	}
 	done := 0
 	var stall time.Time // deadline of the current wait without progress
 	backoff := afpacketMinBackoff
@@ -540,6 +578,9 @@ func (l *AFPacketLink) sendBatch(k int) (int, error) {
 		case 0: // no frame taken, no error: treat as a full buffer
 			e = unix.EAGAIN
 		case unix.EAGAIN, unix.ENOBUFS:
+		case unix.ENXIO: // no device of the bound index: it is gone
+			l.txErrors.Add(1)
+			return done, l.markGone("send", e)
 		default:
 			l.txErrors.Add(1)
 			return done, l.opErr("send", e)
@@ -686,6 +727,9 @@ func (l *AFPacketLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int
 // recvLocked receives into rxMsgs[:n], waiting as timeout says. The caller
 // holds rxMu.
 func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
+	if l.gone.Load() != 0 {
+		return 0, l.goneErr("recv")
+	}
 	if timeout != 0 {
 		l.rxTimer.start(timeout, l.spin)
 	}
@@ -698,6 +742,11 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		case 0, unix.EAGAIN:
 		case unix.EINTR:
 			continue
+		case unix.ENETDOWN:
+			if err := l.askGone(); err != nil {
+				return 0, err
+			}
+			return 0, l.opErr("recv", e) // down, not gone: works once up
 		default:
 			return 0, l.opErr("recv", e)
 		}
@@ -717,9 +766,14 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		if !ok {
 			return 0, nil
 		}
+		if ts == nil {
+			l.rxSlice = unix.NsecToTimespec(int64(goneCheck))
+			ts = &l.rxSlice
+		}
 		l.rxPoll[0].Revents, l.rxPoll[1].Revents, l.rxPoll[2].Revents = 0, 0, 0
 		l.wakeups.Add(1)
-		if _, pe := pollFds(l.rxPoll[:], ts); pe != 0 && pe != unix.EINTR {
+		ready, pe := pollFds(l.rxPoll[:], ts)
+		if pe != 0 && pe != unix.EINTR {
 			return 0, l.opErr("poll", pe)
 		}
 		if l.rxPoll[1].Revents != 0 || l.closed.Load() {
@@ -727,6 +781,12 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 		}
 		if l.rxPoll[2].Revents != 0 {
 			l.wk.drain()
+		}
+		if ready == 0 && pe == 0 {
+			// No frame came: ask whether the interface went away.
+			if err := l.askGone(); err != nil {
+				return 0, err
+			}
 		}
 	}
 }

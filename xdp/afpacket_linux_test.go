@@ -787,22 +787,79 @@ func TestAFPacketInterfaceErrors(t *testing.T) {
 		t.Fatalf("Recv after the interface came back = %d, %v", k, err)
 	}
 
-	// Deleted: ENXIO on send.
+	// Deleted: ENXIO on send, and the interface is gone for good.
 	if err := pktIP("-n", lab.nsA, "link", "del", "eth0"); err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range []*AFPacketLink{a, b} {
-		if n, err := l.Send([][]byte{f}); n != 0 || !errors.Is(err, unix.ENXIO) {
-			t.Errorf("Send on a deleted interface = %d, %v; want ENXIO", n, err)
+		if n, err := l.Send([][]byte{f}); n != 0 || !errors.Is(err, unix.ENXIO) || !errors.Is(err, ErrInterfaceGone) {
+			t.Errorf("Send on a deleted interface = %d, %v; want ErrInterfaceGone (ENXIO)", n, err)
 		}
 		for range 2 {
-			if _, err := l.Recv(bufs, sizes, 10*time.Millisecond); err != nil && !errors.Is(err, unix.ENETDOWN) {
-				t.Errorf("Recv on a deleted interface = %v", err)
+			if _, err := l.Recv(bufs, sizes, 10*time.Millisecond); !errors.Is(err, ErrInterfaceGone) {
+				t.Errorf("Recv on a deleted interface = %v, want ErrInterfaceGone", err)
 			}
 		}
 		if err := l.Close(); err != nil {
 			t.Errorf("Close = %v", err)
 		}
+	}
+}
+
+// TestAFPacketInterfaceGoneWaits deletes the interface under two waiting
+// receives: one that sleeps through the deletion (the kernel's ENETDOWN,
+// said as the interface goes down on its way out, wakes it once) and one
+// that starts after another call took that error (nothing wakes it: the
+// link's own look ends it within goneCheck). Waits that follow end with
+// ErrInterfaceGone.
+func TestAFPacketInterfaceGoneWaits(t *testing.T) {
+	lab := newPktLab(t)
+	a, b := lab.pair(t, AFPacketConfig{}, AFPacketConfig{})
+	ended := make(chan error, 1)
+	wait := func(l *AFPacketLink) {
+		go func() {
+			bufs, sizes := pktBufs(4, 2048)
+			_, err := l.Recv(bufs, sizes, -1)
+			ended <- err
+		}()
+	}
+	wait(a)
+	time.Sleep(50 * time.Millisecond) // let it sleep in the kernel
+	if err := pktIP("-n", lab.nsA, "link", "del", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		select {
+		case err := <-ended:
+			var oe *OpError
+			if i == 0 && errors.Is(err, unix.ENETDOWN) && !errors.Is(err, ErrInterfaceGone) {
+				wait(a) // woken as it went down; it is gone by now
+				continue
+			}
+			if !errors.Is(err, ErrInterfaceGone) || !errors.As(err, &oe) || oe.Op != "recv" || oe.Interface != "eth0" {
+				t.Fatalf("waiting Recv ended with %v; want ErrInterfaceGone from recv on eth0", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("waiting Recv still waiting 5 s after its interface was deleted")
+		}
+		break
+	}
+
+	// b's pending ENETDOWN is taken by a raw read, as another reader of
+	// the socket would: no error is left to wake b's wait.
+	var one [1]byte
+	unix.Recvfrom(b.fd, one[:], unix.MSG_DONTWAIT)
+	wait(b)
+	select {
+	case err := <-ended:
+		if !errors.Is(err, ErrInterfaceGone) {
+			t.Fatalf("Recv started after the deletion ended with %v; want ErrInterfaceGone", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Recv started after the deletion still waiting after 5 s")
+	}
+	if n, err := b.Send([][]byte{make([]byte, 60)}); n != 0 || !errors.Is(err, ErrInterfaceGone) {
+		t.Errorf("Send after = %d, %v; want 0, ErrInterfaceGone", n, err)
 	}
 }
 

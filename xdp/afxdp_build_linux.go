@@ -87,6 +87,9 @@ func (l *AFXDPLink) sendInPlace(n int, b Builder, g Gatherer, missing error) (in
 	if l.closed.Load() {
 		return 0, l.closedErr("send")
 	}
+	if l.gone.Load() != 0 {
+		return 0, l.goneErr("send")
+	}
 	if missing != nil {
 		return 0, &OpError{Op: "send", Interface: l.ifname, Err: missing}
 	}
@@ -101,6 +104,9 @@ func (l *AFXDPLink) sendBuiltRouted(from, n int, b Builder, m *AFXDPMultiLink, q
 	defer l.txMu.Unlock()
 	if l.closed.Load() {
 		return from, 0, l.closedErr("send")
+	}
+	if l.gone.Load() != 0 {
+		return from, 0, l.goneErr("send")
 	}
 	return l.sendBuiltLocked(from, n, b, nil, m, q)
 }

@@ -205,6 +205,9 @@ type AFXDPLink struct {
 	rxPoll [3]unix.PollFd // socket, close eventfd, wake eventfd
 	// +checklocks:rxMu
 	rxTimer recvTimer
+	// rxSlice is the timespec of a slice of an unbounded wait (goneCheck).
+	// +checklocks:rxMu
+	rxSlice unix.Timespec
 	// rxScratch reassembles a multi-buffer packet for RecvVisit.
 	// +checklocks:rxMu
 	rxScratch []byte
@@ -220,6 +223,15 @@ type AFXDPLink struct {
 	// and RxIdle says not idle so that pollers come to receive. Written
 	// under txMu.
 	txStalled atomic.Bool
+	// gone is the errno with which the kernel said that the interface
+	// went away (0: it has not): the socket is unbound for good. Set
+	// once, by a receive (askGone, or a kick) or a send (a kick); read
+	// by every call.
+	gone atomic.Uint32
+	// siblings are the links of the other queues of the interface, when
+	// l is one queue of an AFXDPMultiLink (set at its open, l included):
+	// markGone marks them too.
+	siblings []*AFXDPLink
 	// +checklocks:txMu
 	tx descRing
 	// +checklocks:txMu
@@ -574,6 +586,33 @@ func (l *AFXDPLink) closedErr(op string) error {
 	return &OpError{Op: op, Interface: l.ifname, Err: net.ErrClosed}
 }
 
+// goneErr is the error of operation op once the interface is gone.
+func (l *AFXDPLink) goneErr(op string) error {
+	return &OpError{Op: op, Interface: l.ifname, Err: interfaceGone(unix.Errno(l.gone.Load()))}
+}
+
+// markGone notes that the kernel unbound the socket from its device
+// (errno says how it told) and returns the error of operation op.
+func (l *AFXDPLink) markGone(op string, errno unix.Errno) error {
+	l.gone.CompareAndSwap(0, uint32(errno))
+	for _, s := range l.siblings {
+		s.gone.CompareAndSwap(0, uint32(errno))
+	}
+	return l.goneErr(op)
+}
+
+// askGone asks the socket, after a wait that saw nothing, whether its
+// interface went away. The kernel never makes an unbound AF_XDP socket
+// ready; it leaves ENETDOWN as the socket's error when it unbinds it.
+//
+// +checklocks:l.rxMu
+func (l *AFXDPLink) askGone() error {
+	if v, err := unix.GetsockoptInt(l.fd, unix.SOL_SOCKET, unix.SO_ERROR); err == nil && v != 0 {
+		return l.markGone("recv", unix.Errno(v))
+	}
+	return nil
+}
+
 // Recv implements Link.
 func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
 	if len(sizes) < len(bufs) {
@@ -607,7 +646,7 @@ func (l *AFXDPLink) RxFrames() int { return int(l.lvl.high) }
 // zeros (idle), and the caller finds the link closed at its next call.
 func (l *AFXDPLink) RxIdle() bool {
 	idle := atomic.LoadUint32(l.idle.rxProd) == atomic.LoadUint32(l.idle.rxCons) &&
-		!needWakeup(l.idle.fillFlags) && !l.txStalled.Load()
+		!needWakeup(l.idle.fillFlags) && !l.txStalled.Load() && l.gone.Load() == 0
 	// The placeholders stay mapped while l is reachable: keep it so
 	// until the loads are done.
 	runtime.KeepAlive(l)
@@ -630,6 +669,9 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		// Close has released the rings, or waits for rxMu to do so.
 		return 0, l.closedErr("recv")
 	}
+	if l.gone.Load() != 0 {
+		return 0, l.goneErr("recv")
+	}
 	if timeout != 0 {
 		l.rxTimer.start(timeout, l.spin)
 	}
@@ -643,8 +685,8 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		if n > 0 {
 			return n, nil
 		}
-		if l.fill.needWakeup() {
-			l.kick(unix.SYS_RECVFROM)
+		if l.fill.needWakeup() && l.kick(unix.SYS_RECVFROM) == unix.ENXIO {
+			return 0, l.markGone("recv", unix.ENXIO) // unbound
 		}
 		l.kickStalled()
 		if timeout == 0 || l.wk.take() {
@@ -665,6 +707,10 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		if !ok {
 			return 0, nil
 		}
+		if ts == nil {
+			l.rxSlice = unix.NsecToTimespec(int64(goneCheck))
+			ts = &l.rxSlice
+		}
 		Trace(l.traceSide, TraceSleep)
 		err := l.wait(l.rxPoll[:], ts)
 		Trace(l.traceSide, TraceWoke)
@@ -676,6 +722,11 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		}
 		if l.rxPoll[2].Revents != 0 {
 			l.wk.drain()
+		} else if l.rxPoll[0].Revents == 0 {
+			// Time up, or a slice of an unbounded wait: no frame came.
+			if err := l.askGone(); err != nil {
+				return 0, err
+			}
 		}
 	}
 }
@@ -826,6 +877,9 @@ func (l *AFXDPLink) Send(frames [][]byte) (int, error) {
 	if l.closed.Load() {
 		// Close has released the rings, or waits for txMu to do so.
 		return 0, l.closedErr("send")
+	}
+	if l.gone.Load() != 0 {
+		return 0, l.goneErr("send")
 	}
 
 	sent := 0
@@ -1014,6 +1068,9 @@ func (l *AFXDPLink) kickTx() error {
 		case nil:
 		case unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.EINTR:
 			l.reclaim()
+		case unix.ENXIO: // unbound: the interface is gone
+			l.txErrs.Add(1)
+			return l.markGone("send: wake kernel", unix.ENXIO)
 		default:
 			l.txErrs.Add(1)
 			return &OpError{Op: "send: wake kernel", Interface: l.ifname, Err: err}

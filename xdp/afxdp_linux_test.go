@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -327,3 +328,111 @@ func TestAFXDPConformanceMTU3506(t *testing.T) {
 		})
 	}
 }
+
+// TestAFXDPInterfaceGone deletes the interface under links that are
+// waiting in the kernel: the kernel never makes an unbound AF_XDP socket
+// ready again, so without the link's own look (goneCheck) the waits would
+// last for good. Each wait ends with ErrInterfaceGone, and so does every
+// later call; Close still works.
+func TestAFXDPInterfaceGone(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		queues int
+	}{{"single", 1}, {"multi", 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			lab := netlab.New(t, netlab.Options{Hosts: 2, Queues: tc.queues})
+			h := lab.Hosts[0]
+			var l xdp.Link
+			var v xdp.FrameVisitor
+			if tc.queues == 1 {
+				a := openAFXDP(t, h, xdp.AFXDPConfig{})
+				l, v = a, a
+			} else {
+				var m *xdp.AFXDPMultiLink
+				if err := h.Do(func() (err error) {
+					m, err = xdp.OpenAFXDPQueues(xdp.AFXDPConfig{Interface: h.Interface}, []int{0, 1})
+					return err
+				}); err != nil {
+					t.Fatalf("open AF_XDP queues 0,1 on %s: %v", h.Name, err)
+				}
+				t.Cleanup(func() { m.Close() })
+				l, v = m, m
+			}
+			bufs, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+			waits := make(chan error, 2)
+			go func() {
+				_, err := l.Recv(bufs, sizes, -1) // unbounded
+				waits <- err
+			}()
+			time.Sleep(50 * time.Millisecond) // let it sleep in the kernel
+			if out, err := h.Command("ip", "link", "del", h.Interface).CombinedOutput(); err != nil {
+				t.Fatalf("ip link del %s: %v: %s", h.Interface, err, out)
+			}
+			start := time.Now()
+			select {
+			case err := <-waits:
+				var oe *xdp.OpError
+				if !errors.Is(err, xdp.ErrInterfaceGone) || !errors.As(err, &oe) || oe.Op != "recv" || oe.Interface != h.Interface {
+					t.Fatalf("unbounded Recv ended with %v; want ErrInterfaceGone from recv on %s", err, h.Interface)
+				}
+				t.Logf("unbounded Recv ended after %v: %v", time.Since(start).Round(time.Millisecond), err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("unbounded Recv still waiting 5 s after its interface was deleted")
+			}
+			if _, err := l.Recv(bufs, sizes, 0); !errors.Is(err, xdp.ErrInterfaceGone) {
+				t.Errorf("polling Recv after = %v, want ErrInterfaceGone", err)
+			}
+			if _, err := v.RecvVisit(4, time.Millisecond, visitNone{}); !errors.Is(err, xdp.ErrInterfaceGone) {
+				t.Errorf("RecvVisit after = %v, want ErrInterfaceGone", err)
+			}
+			f := make([]byte, 60)
+			f[12], f[13] = 0x88, 0xb5
+			if n, err := l.Send([][]byte{f}); n != 0 || !errors.Is(err, xdp.ErrInterfaceGone) {
+				t.Errorf("Send after = %d, %v; want 0, ErrInterfaceGone", n, err)
+			}
+			if err := l.Close(); err != nil {
+				t.Logf("Close after the interface went: %v", err)
+			}
+			if _, err := l.Recv(bufs, sizes, 0); !errors.Is(err, net.ErrClosed) {
+				t.Errorf("Recv after Close = %v, want net.ErrClosed", err)
+			}
+		})
+	}
+}
+
+// TestAFXDPSendFindsInterfaceGone: a send is the first to meet the deleted
+// interface (the kernel refuses to be woken, ENXIO); the receive side then
+// reports it at once, without waiting for its look.
+func TestAFXDPSendFindsInterfaceGone(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h := lab.Hosts[0]
+	a := openAFXDP(t, h, xdp.AFXDPConfig{})
+	if out, err := h.Command("ip", "link", "del", h.Interface).CombinedOutput(); err != nil {
+		t.Fatalf("ip link del %s: %v: %s", h.Interface, err, out)
+	}
+	f := make([]byte, 60)
+	f[12], f[13] = 0x88, 0xb5
+	var err error
+	for range 3 { // the first frame may go on the ring before the kick fails
+		if _, err = a.Send([][]byte{f}); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, xdp.ErrInterfaceGone) || !errors.Is(err, syscall.ENXIO) {
+		t.Fatalf("Send on a deleted interface = %v; want ErrInterfaceGone (ENXIO)", err)
+	}
+	if a.RxIdle() {
+		t.Error("RxIdle true on a link whose interface is gone: a poller would never learn it")
+	}
+	start := time.Now()
+	if _, err := a.Recv([][]byte{make([]byte, 2048)}, []int{0}, time.Second); !errors.Is(err, xdp.ErrInterfaceGone) {
+		t.Errorf("Recv after = %v, want ErrInterfaceGone", err)
+	} else if el := time.Since(start); el > 100*time.Millisecond {
+		t.Errorf("Recv took %v to report what Send had found", el)
+	}
+}
+
+// visitNone is a Visitor that looks at nothing.
+type visitNone struct{}
+
+func (visitNone) Visit([]byte) {}

@@ -42,6 +42,8 @@ type AFXDPMultiLink struct {
 	pollFds []unix.PollFd // every socket, then every close eventfd, then wk's
 	// +checklocks:rxMu
 	timer recvTimer
+	// +checklocks:rxMu
+	slice unix.Timespec // a slice of an unbounded wait (goneCheck)
 
 	// txMu serialises SendBuilt.
 	txMu sync.Mutex
@@ -99,6 +101,9 @@ func OpenAFXDPQueues(cfg AFXDPConfig, queues []int) (*AFXDPMultiLink, error) {
 	m.pollFds = append(m.pollFds, unix.PollFd{Fd: int32(m.wk.fd), Events: unix.POLLIN})
 	if len(m.links) > 1 {
 		m.spill = make([]byte, m.links[0].maxFrame)
+	}
+	for _, l := range m.links {
+		l.siblings = m.links // one interface: gone for one, gone for all
 	}
 	return m, nil
 }
@@ -258,7 +263,12 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 		if !ok {
 			return 0, nil
 		}
-		if _, e := pollFds(m.pollFds, tsp); e != 0 && e != unix.EINTR {
+		if tsp == nil {
+			m.slice = unix.NsecToTimespec(int64(goneCheck))
+			tsp = &m.slice
+		}
+		ready, e := pollFds(m.pollFds, tsp)
+		if e != 0 && e != unix.EINTR {
 			return 0, &OpError{Op: "recv: poll", Interface: m.links[0].ifname, Err: e}
 		}
 		for _, p := range m.pollFds[len(m.links) : 2*len(m.links)] {
@@ -268,6 +278,17 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 		}
 		if m.pollFds[2*len(m.links)].Revents != 0 {
 			m.wk.drain()
+		}
+		if ready == 0 && e == 0 {
+			// No frame came: ask whether the interface went away (one
+			// socket is enough: markGone marks them all).
+			l := m.links[0]
+			l.rxMu.Lock()
+			err := l.askGone()
+			l.rxMu.Unlock()
+			if err != nil {
+				return 0, err
+			}
 		}
 	}
 }

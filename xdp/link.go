@@ -325,7 +325,20 @@ var (
 	// ErrTxStalled: the link could not queue a frame within its send
 	// timeout (the kernel stopped taking frames: interface down, queue stuck).
 	ErrTxStalled = errors.New("transmit stalled")
+	// ErrInterfaceGone: the link's interface was deleted (or moved to
+	// another network namespace) while the link was open. The socket
+	// cannot reach it again: every later Send and Recv fails with it, a
+	// blocking Recv within about a second (goneCheck). Close the link and
+	// open a new one on the interface that replaced it.
+	ErrInterfaceGone = errors.New("interface gone")
 )
+
+// goneCheck bounds how long a Recv waiting in the kernel goes without
+// learning that its interface is gone: a socket whose device is gone is
+// never ready (AF_XDP), or is ready once and never again (AF_PACKET), so
+// a wait without a bound is cut into slices of goneCheck, and the link
+// asks the socket after each slice that ended without a frame.
+const goneCheck = time.Second
 
 // OpError is an error from a link operation, naming the operation and the
 // interface it failed on. It unwraps to the cause (often a syscall.Errno).

@@ -8,6 +8,7 @@ package xdp
 
 import (
 	"encoding/binary"
+	"fmt"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -72,6 +73,11 @@ func sendmmsg(fd int, msgs []mmsghdr, flags int) (int, unix.Errno) {
 		return 0, e
 	}
 	return int(r), 0
+}
+
+// interfaceGone is ErrInterfaceGone with the kernel's word for it.
+func interfaceGone(errno unix.Errno) error {
+	return fmt.Errorf("%w (%w)", ErrInterfaceGone, errno)
 }
 
 // YieldCPU lets the threads waiting for this CPU run before the caller

@@ -304,6 +304,17 @@ func testBuiltNoAllocs(t *testing.T, mk MakePair, opts Options) {
 		t.Errorf("visited %d bytes in %d frames, want 1000 each", v.bytes, v.n)
 	}
 
+	// A receive that times out (it asks the link whether its interface
+	// is gone) allocates nothing either.
+	idle := testing.AllocsPerRun(20, func() {
+		if n, err := bv.RecvVisit(1, 100*time.Microsecond, v); n != 0 || err != nil {
+			t.Fatalf("RecvVisit with nothing sent = %d, %v", n, err)
+		}
+	})
+	if idle != 0 {
+		t.Errorf("%.1f allocations per timed-out RecvVisit, want 0", idle)
+	}
+
 	// SendGather, on links that lend buffers.
 	bl, ok := p.A.(xdp.BufferLink)
 	if !ok {
