@@ -313,17 +313,30 @@ var dropAllFilter = [...]unix.SockFilter{
 	{Code: unix.BPF_RET | unix.BPF_K, K: 0},
 }
 
+// Classic BPF ancillary load of the packet type (linux/filter.h:
+// SKF_AD_OFF + SKF_AD_PKTTYPE).
+const skfAdPktType = 0xfffff000 + 4
+
 // etherTypeFilter returns the classic BPF program accepting the frames of
-// EtherType et whole and dropping the others:
+// EtherType et whole and dropping the others, and those the kernel marked
+// as for another host: frames to another MAC on a promiscuous interface,
+// and frames tagged with a VLAN the host is not on (the kernel strips the
+// tag before the socket sees the frame, leaving the inner EtherType at
+// offset 12, and marks the frame so; AF_XDP's steering program, which
+// sees the tag, passes them to the kernel):
 //
 //	ldh [12]
-//	jeq #et, jt 0, jf 1
+//	jeq #et, jt 0, jf 3
+//	ld pkttype
+//	jeq #PACKET_OTHERHOST, jt 1, jf 0
 //	ret #262144
 //	ret #0
-func etherTypeFilter(et uint16) [4]unix.SockFilter {
-	return [4]unix.SockFilter{
+func etherTypeFilter(et uint16) [6]unix.SockFilter {
+	return [6]unix.SockFilter{
 		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 12},
-		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: uint32(et)},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 3, K: uint32(et)},
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: skfAdPktType},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, Jf: 0, K: unix.PACKET_OTHERHOST},
 		{Code: unix.BPF_RET | unix.BPF_K, K: afpacketFilterSnap},
 		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
 	}
@@ -797,13 +810,10 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 func (l *AFPacketLink) Waited() (time.Duration, bool) { return l.rxTimer.waited() }
 
 // Wake implements Waker.
-func (l *AFPacketLink) Wake() {
-	l.closeMu.Lock()
-	defer l.closeMu.Unlock()
-	if l.fd >= 0 {
-		l.wk.wake()
-	}
-}
+//
+// It takes no lock of the link's (only the waker's), so a visitor may call
+// it while Close waits for the receive to end.
+func (l *AFPacketLink) Wake() { l.wk.wake() }
 
 // HardwareAddr returns (a copy of) the interface's MAC address as it was at
 // open.
@@ -869,10 +879,10 @@ func (l *AFPacketLink) Close() error {
 	if e := unix.Close(l.efd); err == nil {
 		err = e
 	}
-	if e := unix.Close(l.wk.fd); err == nil {
+	if e := l.wk.close(); err == nil {
 		err = e
 	}
-	l.fd, l.efd, l.wk.fd = -1, -1, -1
+	l.fd, l.efd = -1, -1
 	l.statsMu.Unlock()
 	l.txMu.Unlock()
 	l.rxMu.Unlock()

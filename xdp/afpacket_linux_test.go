@@ -300,12 +300,12 @@ func TestAFPacketInfo(t *testing.T) {
 		if len(c.l.HardwareAddr()) != 6 || c.l.MTU() != 1500 || MaxFrameLen(c.l) != 1514 {
 			t.Errorf("HardwareAddr %v, MTU %d", c.l.HardwareAddr(), c.l.MTU())
 		}
-		// The kernel holds the four-instruction EtherType filter: with
+		// The kernel holds the six-instruction EtherType filter: with
 		// optlen 0, SO_GET_FILTER stores the program length in optlen.
 		var optlen uint32
 		if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(c.l.fd), unix.SOL_SOCKET,
-			unix.SO_GET_FILTER, 0, uintptr(unsafe.Pointer(&optlen)), 0); e != 0 || optlen != 4 {
-			t.Errorf("SO_GET_FILTER: %v, %d instructions, want 4", e, optlen)
+			unix.SO_GET_FILTER, 0, uintptr(unsafe.Pointer(&optlen)), 0); e != 0 || optlen != uint32(len(etherTypeFilter(0))) {
+			t.Errorf("SO_GET_FILTER: %v, %d instructions, want %d", e, optlen, len(etherTypeFilter(0)))
 		}
 	}
 	if bytes.Equal(a.HardwareAddr(), b.HardwareAddr()) {
@@ -803,6 +803,48 @@ func TestAFPacketInterfaceErrors(t *testing.T) {
 		if err := l.Close(); err != nil {
 			t.Errorf("Close = %v", err)
 		}
+	}
+}
+
+// TestAFPacketDropsOtherVLAN sends b a frame of the stack's EtherType
+// tagged with a VLAN b is not on, then an untagged one: the kernel strips
+// the tag before the socket sees the frame, so only its mark (for another
+// host) tells them apart, and the filter drops it as AF_XDP's steering
+// leaves it to the kernel. b receives the untagged frame only.
+func TestAFPacketDropsOtherVLAN(t *testing.T) {
+	lab := newPktLab(t)
+	_, b := lab.pair(t, AFPacketConfig{}, AFPacketConfig{})
+	raw := lab.rawSocket(t, lab.nsA, "eth0")
+	src := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x99}
+	tagged := make([]byte, 100)
+	copy(tagged[0:6], b.HardwareAddr())
+	copy(tagged[6:12], src)
+	binary.BigEndian.PutUint16(tagged[12:], 0x8100)
+	binary.BigEndian.PutUint16(tagged[14:], 42) // VID 42
+	binary.BigEndian.PutUint16(tagged[16:], DefaultEtherType)
+	copy(tagged[18:], "frame of VLAN 42")
+	plain := pktFrame(make([]byte, 80), b.HardwareAddr(), src, DefaultEtherType, 7, 80)
+	for _, f := range [][]byte{tagged, plain} {
+		if err := raw(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bufs, sizes := pktBufs(4, 2048)
+	var got [][]byte
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+		n, err := b.Recv(bufs, sizes, 50*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			got = append(got, bytes.Clone(bufs[i][:sizes[i]]))
+		}
+	}
+	if len(got) != 1 || !bytes.Equal(got[0], plain) {
+		for _, f := range got {
+			t.Logf("received %d bytes: % x", len(f), f[:min(len(f), 32)])
+		}
+		t.Fatalf("received %d frames, want the untagged one only", len(got))
 	}
 }
 

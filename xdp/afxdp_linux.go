@@ -621,8 +621,8 @@ func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int
 	if l.closed.Load() {
 		return 0, l.closedErr("recv")
 	}
-	if timeout == 0 && l.RxIdle() {
-		return 0, nil
+	if len(bufs) == 0 || (timeout == 0 && l.RxIdle()) {
+		return 0, nil // no buffers: nothing could be received
 	}
 	l.rxMu.Lock()
 	// A busy-polling caller comes here millions of times a second: the
@@ -737,13 +737,10 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 func (l *AFXDPLink) Waited() (time.Duration, bool) { return l.rxTimer.waited() }
 
 // Wake implements Waker.
-func (l *AFXDPLink) Wake() {
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
-	if !l.closed.Load() {
-		l.wk.wake()
-	}
-}
+//
+// It takes no lock of the link's (only the waker's), so a visitor may call
+// it while Close waits for the receive to end.
+func (l *AFXDPLink) Wake() { l.wk.wake() }
 
 // recvReady copies the packets waiting on the RX ring into bufs and gives
 // their UMEM frames back to the fill ring.
@@ -806,7 +803,7 @@ func (l *AFXDPLink) recvReady(bufs [][]byte, sizes []int) int {
 		if copied < total {
 			l.rxTrunc.Add(1)
 		}
-		bytes += uint64(total)
+		bytes += uint64(copied) // what Recv stored, as the other links count
 		out++
 	}
 	if l.rx.cachedCons == start {
@@ -1066,7 +1063,14 @@ func (l *AFXDPLink) kickTx() error {
 		Trace(l.traceSide, TraceKicked)
 		switch err {
 		case nil:
-		case unix.EAGAIN, unix.EBUSY, unix.ENOBUFS, unix.EINTR:
+		case unix.EBUSY:
+			// Copy mode: the driver dropped one frame (NET_XMIT_DROP:
+			// completed, not sent; a carrier off, a full peer queue).
+			if !l.zeroCopy {
+				l.txErrs.Add(1)
+			}
+			l.reclaim()
+		case unix.EAGAIN, unix.ENOBUFS, unix.EINTR:
 			l.reclaim()
 		case unix.ENXIO: // unbound: the interface is gone
 			l.txErrs.Add(1)
@@ -1242,7 +1246,7 @@ func (l *AFXDPLink) Close() error {
 		note("unmap UMEM", unix.Munmap(l.umem))
 	}
 	note("close eventfd", unix.Close(l.efd))
-	note("close wake eventfd", unix.Close(l.wk.fd))
+	note("close wake eventfd", l.wk.close())
 	return errors.Join(errs...)
 }
 

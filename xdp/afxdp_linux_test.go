@@ -436,3 +436,26 @@ func TestAFXDPSendFindsInterfaceGone(t *testing.T) {
 type visitNone struct{}
 
 func (visitNone) Visit([]byte) {}
+
+// TestAFXDPCountsDroppedSends takes the peer's end of the veth down: the
+// driver drops every frame (sendto says EBUSY in copy mode), and each one
+// is counted in TxErrors (and so in Stats.Lost) rather than vanishing.
+func TestAFXDPCountsDroppedSends(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	a := openAFXDP(t, h1, xdp.AFXDPConfig{})
+	b := openAFXDP(t, h2, xdp.AFXDPConfig{})
+	if out, err := h2.Command("ip", "link", "set", h2.Interface, "down").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set down: %v: %s", err, out)
+	}
+	f := make([]byte, 64)
+	copy(f, b.HardwareAddr())
+	copy(f[6:], a.HardwareAddr())
+	f[12], f[13] = 0x88, 0xb5
+	before := a.Stats()
+	n, err := a.Send([][]byte{f, f, f})
+	after := a.Stats()
+	if got := after.TxErrors - before.TxErrors; err == nil && got != 3 {
+		t.Errorf("3 frames dropped by the driver: Send = %d, nil, TxErrors grew by %d; want 3", n, got)
+	}
+}

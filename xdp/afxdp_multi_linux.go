@@ -72,6 +72,7 @@ func OpenAFXDPQueues(cfg AFXDPConfig, queues []int) (*AFXDPMultiLink, error) {
 		return nil, fmt.Errorf("xdp: open AF_XDP on %s: no queue given", cfg.Interface)
 	}
 	m := &AFXDPMultiLink{spin: cfg.Spin}
+	m.wk.fd = -1 // not open yet: a failed open's Close leaves it
 	seen := map[int]bool{}
 	for _, q := range queues {
 		if seen[q] {
@@ -215,10 +216,10 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 	}
 	limit := len(bufs)
 	if v != nil {
-		if max <= 0 {
-			return 0, nil
-		}
 		limit = max
+	}
+	if limit <= 0 {
+		return 0, nil // no room: nothing could be received
 	}
 	m.rxMu.Lock()
 	defer m.rxMu.Unlock()
@@ -315,13 +316,10 @@ func (m *AFXDPMultiLink) RxIdle() bool {
 }
 
 // Wake implements Waker.
-func (m *AFXDPMultiLink) Wake() {
-	m.closeMu.RLock()
-	defer m.closeMu.RUnlock()
-	if !m.closed.Load() && m.wk.fd > 0 {
-		m.wk.wake()
-	}
-}
+//
+// It takes no lock of the link's (only the waker's), so a visitor may call
+// it while Close waits for the receive to end.
+func (m *AFXDPMultiLink) Wake() { m.wk.wake() }
 
 // Stats implements Link: the sum over the queues.
 func (m *AFXDPMultiLink) Stats() Stats {
@@ -347,8 +345,6 @@ func (m *AFXDPMultiLink) Close() error {
 	for _, l := range m.links {
 		errs = append(errs, l.Close())
 	}
-	if m.wk.fd > 0 {
-		errs = append(errs, unix.Close(m.wk.fd))
-	}
+	errs = append(errs, m.wk.close())
 	return errors.Join(errs...)
 }

@@ -55,7 +55,8 @@ type Link interface {
 	//
 	// timeout bounds the wait for the first frame: 0 polls once and may
 	// return 0 frames, a negative timeout waits until a frame arrives or the
-	// link is closed. A timed-out Recv returns 0, nil.
+	// link is closed. A timed-out Recv returns 0, nil, and so does a Recv
+	// with no buffers, at once.
 	Recv(bufs [][]byte, sizes []int, timeout time.Duration) (n int, err error)
 
 	// HardwareAddr is the link's MAC address.

@@ -9,6 +9,7 @@ package xdp
 import (
 	"encoding/binary"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -217,7 +218,15 @@ func getsockopt(fd, level, opt int, p unsafe.Pointer, size uintptr) error {
 
 // waker ends a Recv's wait early (see Waker). The eventfd wakes a Recv
 // blocked in poll; pending tells a spinning or about-to-wait Recv.
+//
+// Its own lock keeps fd open for wake: a Wake needs no lock of the link's,
+// so a visitor may call it while Close waits for the receive to end.
 type waker struct {
+	// mu is held shared by wake while it signals fd, exclusively by close.
+	mu sync.RWMutex
+	// fd is the eventfd, -1 once closed (and before open, for the links
+	// that may close a waker they did not open). The receiving side reads
+	// it without mu: the links close it only once no receive can run.
 	fd      int
 	pending atomic.Bool
 }
@@ -227,12 +236,25 @@ func (w *waker) open() (err error) {
 	return err
 }
 
-// wake requests a wake-up; the caller keeps fd open (holds the link's
-// close lock shared).
+// wake requests a wake-up; after close it does nothing.
 func (w *waker) wake() {
-	if !w.pending.Swap(true) {
+	w.mu.RLock()
+	if w.fd >= 0 && !w.pending.Swap(true) {
 		eventfdSignal(w.fd)
 	}
+	w.mu.RUnlock()
+}
+
+// close closes the eventfd, once no receive can poll it.
+func (w *waker) close() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.fd < 0 {
+		return nil
+	}
+	err := unix.Close(w.fd)
+	w.fd = -1
+	return err
 }
 
 // drain empties the eventfd after poll reported it readable.

@@ -6,6 +6,7 @@ package linktest
 import (
 	"errors"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -275,6 +276,65 @@ func (b *oneBuilder) Build(_ int, buf []byte) int { return copy(buf, b.f) }
 type oneVisitor struct{ n, bytes int }
 
 func (v *oneVisitor) Visit(f []byte) { v.n++; v.bytes += len(f) }
+
+// testWakeInVisitDuringClose closes a link while a visitor, shown a frame
+// in RecvVisit, calls Wake: Close waits for the receive to end, so Wake
+// must not wait for Close.
+func testWakeInVisitDuringClose(t *testing.T, mk MakePair) {
+	p := mk(t)
+	w, ok := p.B.(xdp.Waker)
+	if !ok {
+		t.Skipf("%s does not implement xdp.Waker", p.B.Info().Kind)
+	}
+	ab, _, _, bv := inPlacePair(t, p)
+	started := make(chan struct{})
+	var once sync.Once
+	v := visitFunc(func([]byte) {
+		once.Do(func() {
+			close(started)
+			time.Sleep(100 * time.Millisecond) // Close is waiting by now
+			w.Wake()
+		})
+	})
+	visited := make(chan error, 1)
+	go func() {
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			var n int
+			if n, err = bv.RecvVisit(4, 50*time.Millisecond, v); n > 0 || err != nil {
+				break
+			}
+		}
+		visited <- err
+	}()
+	b := &lenBuilder{dst: p.B.HardwareAddr(), src: p.A.HardwareAddr(), run: 29, size: 100}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if _, err := ab.SendBuilt(1, b); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-started:
+		case <-time.After(20 * time.Millisecond):
+			if time.Now().Before(deadline) {
+				continue
+			}
+			t.Fatal("no frame visited")
+		}
+		break
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- p.B.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Close = %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close and a visitor calling Wake deadlocked")
+	}
+	<-visited
+	w.Wake() // after Close: nothing to wake, no harm
+}
 
 // testBuiltNoAllocs checks that SendBuilt and RecvVisit make no heap
 // allocation in steady state.

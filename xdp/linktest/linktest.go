@@ -54,7 +54,7 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("EverySizeFullRate", func(t *testing.T) { testBurst(t, mk, opts) })
 	t.Run("BothDirections", func(t *testing.T) { testBothDirections(t, mk, opts) })
 	t.Run("Truncation", func(t *testing.T) { testTruncation(t, mk, opts) })
-	t.Run("RecvTimeout", func(t *testing.T) { testRecvTimeout(t, mk) })
+	t.Run("RecvTimeout", func(t *testing.T) { testRecvTimeout(t, mk, opts) })
 	t.Run("WaitMeter", func(t *testing.T) { testWaitMeter(t, mk) })
 	t.Run("WakeEndsWait", func(t *testing.T) { testWake(t, mk) })
 	t.Run("CloseUnblocksRecv", func(t *testing.T) { testCloseUnblocks(t, mk) })
@@ -67,6 +67,7 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("BuiltErrors", func(t *testing.T) { testBuiltErrors(t, mk, opts) })
 	t.Run("VisitMax", func(t *testing.T) { testVisitMax(t, mk, opts) })
 	t.Run("VisitTimeoutWakeClose", func(t *testing.T) { testVisitWait(t, mk) })
+	t.Run("WakeInVisitDuringClose", func(t *testing.T) { testWakeInVisitDuringClose(t, mk) })
 	t.Run("BuiltVisitedNoAllocs", func(t *testing.T) { testBuiltNoAllocs(t, mk, opts) })
 	// BufferLink.
 	t.Run("Gather", func(t *testing.T) { testGather(t, mk, opts) })
@@ -383,7 +384,8 @@ func testBothDirections(t *testing.T, mk MakePair, opts Options) {
 func testTruncation(t *testing.T, mk MakePair, opts Options) {
 	p := mk(t)
 	f := frame(make([]byte, 300), p.B.HardwareAddr(), p.A.HardwareAddr(), 4, 0, 300)
-	before := p.B.Stats().RxTruncated
+	st0 := p.B.Stats()
+	before := st0.RxTruncated
 	small := make([]byte, 100)
 	sizes := []int{0}
 	deadline := time.Now().Add(5 * time.Second)
@@ -399,8 +401,13 @@ func testTruncation(t *testing.T, mk MakePair, opts Options) {
 			if sizes[0] != 100 || string(small) != string(f[:100]) {
 				t.Fatalf("truncated frame: size %d, want 100 and the first 100 bytes", sizes[0])
 			}
-			if got := p.B.Stats().RxTruncated - before; got != 1 {
+			st := p.B.Stats()
+			if got := st.RxTruncated - before; got != 1 {
 				t.Fatalf("RxTruncated grew by %d, want 1", got)
+			}
+			// RxBytes counts what Recv stored, not what the wire carried.
+			if got := st.RxBytes - st0.RxBytes; got != 100 && !opts.Faults {
+				t.Errorf("RxBytes grew by %d for a frame truncated to 100 bytes, want 100", got)
 			}
 			return
 		}
@@ -411,7 +418,7 @@ func testTruncation(t *testing.T, mk MakePair, opts Options) {
 	t.Fatal("no frame received")
 }
 
-func testRecvTimeout(t *testing.T, mk MakePair) {
+func testRecvTimeout(t *testing.T, mk MakePair, opts Options) {
 	p := mk(t)
 	b, sizes := bufs(4, 2048)
 	start := time.Now()
@@ -423,6 +430,35 @@ func testRecvTimeout(t *testing.T, mk MakePair) {
 	n, err = p.B.Recv(b, sizes, 50*time.Millisecond)
 	if el := time.Since(start); n != 0 || err != nil || el < 45*time.Millisecond {
 		t.Fatalf("Recv(timeout 50ms) on an idle link = %d, %v after %v", n, err, el)
+	}
+
+	// No buffers: nothing to wait for, even with a frame waiting and no
+	// bound on the wait; the frame stays for the next Recv.
+	f := frame(make([]byte, 64), p.B.HardwareAddr(), p.A.HardwareAddr(), 5, 0, 64)
+	if _, err := p.A.Send([][]byte{f}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		n, err := p.B.Recv(nil, nil, -1)
+		if n != 0 && err == nil {
+			err = fmt.Errorf("%d frames", n)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Recv with no buffers = %v, want 0, nil", err)
+		}
+	case <-time.After(2 * time.Second):
+		p.B.Close()
+		<-done
+		t.Fatal("Recv with no buffers and no bound did not return")
+	}
+	if n, err := p.B.Recv(b, sizes, time.Second); (n != 1 && !opts.Faults) || err != nil {
+		t.Fatalf("Recv after one with no buffers = %d, %v; want the frame sent", n, err)
 	}
 }
 
