@@ -669,3 +669,39 @@ func handlerTrio(t *testing.T, h func(msglayer.UnexpectedMessage) msglayer.Handl
 	}
 	return c, a, b, ctx
 }
+
+// TestHandlerEmptyDataSamePaths: an empty eager message shows the handler
+// empty, non-nil Data (nil says "not sent eagerly in one frame") on both
+// paths, whatever the engine sent before: the same-process path showed nil
+// until a message of at least a byte had made its buffer.
+func TestHandlerEmptyDataSamePaths(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	nilData := make(chan bool, 8)
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		nilData <- m.Data == nil
+		return msglayer.Finished
+	}
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{UnexpectedHandler: h})
+	c := w.open(t, 0, msglayer.Config{EndpointID: 3, Key: 3, UnexpectedHandler: h})
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, c.Addr(), 3); err != nil {
+		t.Fatal(err)
+	}
+	send := func(dst *msglayer.Endpoint, n int) bool {
+		s, err := a.Isend(dst.Addr(), 1, [][]byte{make([]byte, n)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		return <-nilData
+	}
+	net0, local0 := send(b, 0), send(c, 0)
+	send(c, 10)
+	local0After := send(c, 0)
+	if net0 || local0 || local0After {
+		t.Errorf("empty eager message, Data == nil: network %v, same process %v, same process after a 10-byte one %v; want false",
+			net0, local0, local0After)
+	}
+}

@@ -238,7 +238,8 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 		var data []byte
 		if !r.sync && r.length <= min(tp.eagerPayload(), e.cfg.RendezvousThreshold) {
 			g := e.eng
-			if cap(g.localData) < r.length {
+			if g.localData == nil || cap(g.localData) < r.length {
+				// (nil: an empty message's Data is empty, not nil)
 				g.localData = make([]byte, tp.eagerPayload())
 			}
 			data = g.localData[:r.length]
