@@ -1238,9 +1238,14 @@ func (p *peer) runTimers(now int64) int64 {
 		// for it; a slow receiver that keeps answering is not.
 		// A frame not stamped yet is on its way out: nothing to time.
 		oldest := p.slot(p.acked)
-		if !oldest.stamp && now-max(p.lastHeard, oldest.firstSent) > int64(cfg.GiveUp) {
-			p.die(now)
-			return 0
+		if !oldest.stamp {
+			since := max(p.lastHeard, oldest.firstSent)
+			if now-since > int64(cfg.GiveUp) {
+				p.die(now)
+				return 0
+			}
+			// On time: retries back off, and may come long after.
+			at(giveUpAt(since, cfg.GiveUp))
 		}
 		at(p.timeouts(now))
 	}
@@ -1253,7 +1258,8 @@ func (p *peer) runTimers(now int64) int64 {
 			// last frame of an idle connection.
 			p.waiting, p.waitStart = true, now
 		}
-		if now-max(p.lastHeard, p.waitStart) > int64(cfg.GiveUp) {
+		since := max(p.lastHeard, p.waitStart)
+		if now-since > int64(cfg.GiveUp) {
 			p.die(now)
 			return 0
 		}
@@ -1262,10 +1268,21 @@ func (p *peer) runTimers(now int64) int64 {
 			p.sendCtl(tKeepalive, flagWantAck, nil)
 		}
 		at(max(p.lastHeard, p.kaSent) + int64(cfg.KeepaliveInterval))
+		at(giveUpAt(since, cfg.GiveUp)) // a GiveUp below KeepaliveInterval too
 	} else {
 		p.waiting = false
 	}
 	return next
+}
+
+// giveUpAt is when a peer silent since since is given up (the test is
+// "more than GiveUp": one nanosecond past it), saturating for a GiveUp of
+// "never".
+func giveUpAt(since int64, giveUp time.Duration) int64 {
+	if since > math.MaxInt64-int64(giveUp)-1 {
+		return math.MaxInt64
+	}
+	return since + int64(giveUp) + 1
 }
 
 // waitsOn reports whether we wait on the peer for something other than

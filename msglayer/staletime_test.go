@@ -275,3 +275,63 @@ func TestCloseWaitsForAPIDriver(t *testing.T) {
 		t.Errorf("a connect to the endpoint opened after the Close answered %v", code)
 	}
 }
+
+// TestGiveUpOnTime: a silent peer is given up GiveUp after it went
+// silent, not at the next retransmission or keepalive after that (the
+// retries back off: 5, 15, 35, 75, 155 ms; keepalives come every 250 ms),
+// whatever we wait on: a frame in flight, a rendezvous's notify, the rest
+// of an eager message.
+func TestGiveUpOnTime(t *testing.T) {
+	const giveUp = 100 * time.Millisecond
+	whenDone := func(t *testing.T, n *manNet, e *Endpoint, r Request) {
+		t.Helper()
+		start := n.clock.Now()
+		for n.clock.Now()-start < int64(2*time.Second) {
+			n.la.take() // everything is lost
+			n.lb.take()
+			n.clock.Advance(time.Millisecond)
+			n.timers(n.a)
+			n.timers(n.b)
+			if st, ok, _ := e.Test(r); ok {
+				if d := time.Duration(n.clock.Now() - start); st.Code != Unreachable || d > giveUp+10*time.Millisecond {
+					// (a wait's start is noted at the peer's first timer
+					// pass in it: a few ms late at most here)
+					t.Errorf("completed %v after %v; want Unreachable after GiveUp %v", st.Code, d, giveUp)
+				}
+				return
+			}
+		}
+		t.Fatal("not given up within 2 s")
+	}
+	cfg := Config{GiveUp: giveUp}
+	t.Run("frame in flight", func(t *testing.T) {
+		n := newManNetCfg(t, cfg, cfg)
+		s, _ := n.a.Isend(n.b.Addr(), 1, [][]byte{make([]byte, 100)}, nil)
+		n.timers(n.a)
+		whenDone(t, n, n.a, s)
+	})
+	t.Run("awaiting notify", func(t *testing.T) {
+		n := newManNetCfg(t, cfg, cfg)
+		s, _ := n.a.Isend(n.b.Addr(), 1, [][]byte{make([]byte, 40000)}, nil)
+		n.timers(n.a)
+		n.lockstep() // the record arrives; no receive is posted
+		n.clock.Advance(2 * time.Millisecond)
+		n.timers(n.b) // b's delayed ack of the record
+		n.lockstep()
+		n.a.eng.mu.Lock()
+		p := n.a.peers[n.b.Addr()]
+		inFlight, rndvs := p.inFlight(), p.rndvs
+		n.a.eng.mu.Unlock()
+		if inFlight != 0 || rndvs != 1 {
+			t.Fatalf("record not acked: %d in flight, %d rendezvous", inFlight, rndvs)
+		}
+		whenDone(t, n, n.a, s)
+	})
+	t.Run("eager message half received", func(t *testing.T) {
+		n := newManNetCfg(t, cfg, cfg)
+		r, _ := n.b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 20000)}, nil)
+		n.a.Isend(n.b.Addr(), 1, [][]byte{make([]byte, 20000)}, nil)
+		n.deliver(n.b, n.la.take()[0]) // the first fragment only
+		whenDone(t, n, n.b, r)
+	})
+}
