@@ -309,3 +309,39 @@ func TestRTOAfterStall(t *testing.T) {
 		t.Errorf("timeout %v 30 round trips after the stall: not forgotten", rto)
 	}
 }
+
+// TestOversizeHeldFrameCounted: a reliable frame longer than the link
+// carries (forged: no link delivers one), arriving ahead of a gap, is
+// counted and dropped, not held cut short and then taken, once the gap
+// filled, as its sequence number without a message.
+func TestOversizeHeldFrameCounted(t *testing.T) {
+	n, _ := connectedManNet(t)
+	a, b := n.a, n.b
+	r0, _ := b.Irecv(0, ^uint64(0), [][]byte{make([]byte, 4000)}, nil)
+	r1, _ := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 4000)}, nil)
+	a.Isend(b.Addr(), 0, [][]byte{make([]byte, 10)}, nil)
+	a.Isend(b.Addr(), 1, [][]byte{make([]byte, 10)}, nil)
+	fs := n.la.take()
+	big := make([]byte, b.eng.maxFrame()+200)
+	copy(big, fs[1])
+	pl := len(big) - hdrLen - eagerHdrLen
+	setPayloadLen(big, pl)
+	eh := eagerHdr{match: 1, msgLen: uint32(pl)}
+	eh.put(big[hdrLen:])
+	before := b.Counters().BadFrames
+	n.deliver(b, big)   // seq 1, ahead of the gap
+	n.deliver(b, fs[0]) // seq 0
+	if got := b.Counters().BadFrames - before; got != 1 {
+		t.Errorf("BadFrames grew by %d for the oversize frame, want 1", got)
+	}
+	for range 20 { // the real frame 1 comes again, after its timeout
+		n.clock.Advance(5 * time.Millisecond)
+		n.timers(a)
+		n.lockstep()
+	}
+	for i, r := range []Request{r0, r1} {
+		if st, ok, _ := b.Test(r); !ok || st.Code != Success || st.MsgLen != 10 {
+			t.Errorf("receive %d: done %v, %v; want the 10-byte message", i, ok, st)
+		}
+	}
+}

@@ -308,6 +308,12 @@ func (e *Endpoint) onReliable(p *peer, f []byte, h *header, now int64) {
 		switch {
 		case s.full:
 			e.stats.Duplicates++
+		case len(f) > e.eng.maxFrame():
+			// Longer than the link carries: only a forged frame is. Held
+			// cut short, it would fail to decode once its turn came, and
+			// its sequence number be taken without a message.
+			e.stats.BadFrames++
+			return
 		case e.oooHeld > 0 && (e.oooHeld+1)*e.eng.maxFrame() > e.cfg.OutOfOrderBytes:
 			// Not acked, not held: its sender resends it.
 			e.stats.OutOfOrderDropped++
