@@ -1029,8 +1029,9 @@ func (g *engine) dispatch(f []byte, now int64) {
 		g.badFrames++
 		// The frames whose sender waits for an answer: a connect, a
 		// reliable frame, a pull request (the receive it serves could
-		// never complete).
-		if h.typ == tConnect || h.typ.reliable() || h.typ == tPullReq {
+		// never complete), a keepalive (its sender waits on us for a
+		// notify or pull data: a receiver that closed mid-pull).
+		if h.typ == tConnect || h.typ.reliable() || h.typ == tPullReq || h.typ == tKeepalive {
 			g.nackNoEndpoint(f, &h)
 		}
 	}

@@ -203,10 +203,8 @@ func (e *Endpoint) oneSidedLocal(t *Endpoint, r *request) {
 	} else {
 		e.stats.Puts++
 	}
-	if t.closed || t.peers[e.addr] == nil {
-		// Gone, or it forgot us: as a send (arriveLocal), and as over
-		// the network, where nobody would answer.
-		e.complete(r, Unreachable)
+	if code, gone := localGone(t, e); gone {
+		e.complete(r, code) // as a send (arriveLocal)
 		return
 	}
 	if r.kind != kindGet {

@@ -274,8 +274,8 @@ func TestZeroLengthGetChecked(t *testing.T) {
 }
 
 // TestLocalOneSidedToClosed: a Get or Put to a closed endpoint of the
-// same process fails Unreachable, as a send to it does (and as over the
-// network), not BadRegion after a look at its regions, and counts
+// same process fails BadEndpoint, as a send to it does (and as over the
+// network, where its engine nacks them), not BadRegion after a look at its regions, and counts
 // nothing at the closed endpoint.
 func TestLocalOneSidedToClosed(t *testing.T) {
 	b, c, reg, ctx := localTarget(t)
@@ -287,8 +287,8 @@ func TestLocalOneSidedToClosed(t *testing.T) {
 	pst, _ := c.Wait(ctx, p)
 	g, _ := c.IGet(b.Addr(), reg.Mem, 0, [][]byte{make([]byte, 5)}, nil)
 	gst, _ := c.Wait(ctx, g)
-	if sst.Code != msglayer.Unreachable || pst.Code != msglayer.Unreachable || gst.Code != msglayer.Unreachable {
-		t.Errorf("to a closed endpoint of the process: send %v, put %v, get %v; want all unreachable", sst.Code, pst.Code, gst.Code)
+	if sst.Code != msglayer.BadEndpoint || pst.Code != msglayer.BadEndpoint || gst.Code != msglayer.BadEndpoint {
+		t.Errorf("to a closed endpoint of the process: send %v, put %v, get %v; want all bad endpoint", sst.Code, pst.Code, gst.Code)
 	}
 	if after := b.Counters(); after.PutsIn != before.PutsIn || after.RegionRefused != before.RegionRefused {
 		t.Errorf("the closed endpoint counted PutsIn %d, RegionRefused %d (before %d, %d)", after.PutsIn, after.RegionRefused, before.PutsIn, before.RegionRefused)

@@ -212,9 +212,11 @@ func TestMatchPairRefused(t *testing.T) {
 	}
 }
 
-// TestSendToClosedEndpoint checks that a same-process send whose
-// receiver closed completes Unreachable, as over the network (after the
-// give-up there), and not Closed, which would say the sender closed.
+// TestSendToClosedEndpoint checks that a send whose receiver closed
+// completes BadEndpoint, at once, over the network (the receiver's
+// engine, still up, nacks the keepalives of a send waiting on it) and in
+// the same process alike, and not Closed, which would say the sender
+// closed.
 func TestSendToClosedEndpoint(t *testing.T) {
 	cfg := msglayer.Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 30 * time.Millisecond}
 	a, b, c, w := threeEPs(t, cfg, nil)
@@ -235,16 +237,20 @@ func TestSendToClosedEndpoint(t *testing.T) {
 	b.Close()
 	c.Close()
 	for name, dst := range map[string]*msglayer.Endpoint{"network": b, "same-process": c} {
+		start := time.Now()
 		st, _ := a.Wait(ctx, pending[name])
-		if st.Code != msglayer.Unreachable {
-			t.Errorf("%s issend pending when its receiver closed: %v, want Unreachable", name, st.Code)
+		if st.Code != msglayer.BadEndpoint {
+			t.Errorf("%s issend pending when its receiver closed: %v, want BadEndpoint", name, st.Code)
+		}
+		if el := time.Since(start); el >= cfg.GiveUp {
+			t.Errorf("%s issend pending when its receiver closed took %v, the give-up's time", name, el)
 		}
 		s, err := a.Isend(dst.Addr(), 2, [][]byte{make([]byte, 8)}, nil)
 		if err != nil {
 			continue // the peer was forgotten at the give-up: refused at once
 		}
-		if st, _ := a.Wait(ctx, s); st.Code != msglayer.Unreachable {
-			t.Errorf("%s isend after its receiver closed: %v, want Unreachable", name, st.Code)
+		if st, _ := a.Wait(ctx, s); st.Code != msglayer.BadEndpoint {
+			t.Errorf("%s isend after its receiver closed: %v, want BadEndpoint", name, st.Code)
 		}
 	}
 }
@@ -412,11 +418,11 @@ func TestLocalQueuedAtClose(t *testing.T) {
 	}
 	c.Close()
 	close(release)
-	if st, _ := a.Wait(ctx, fromA); st.Code != msglayer.Unreachable {
-		t.Errorf("queued send to an endpoint that closed: %v, want Unreachable", st.Code)
+	if st, _ := a.Wait(ctx, fromA); st.Code != msglayer.BadEndpoint {
+		t.Errorf("queued send to an endpoint that closed: %v, want BadEndpoint", st.Code)
 	}
-	if st := <-firstDone; st.Code != msglayer.Unreachable {
-		t.Errorf("send whose receiver closed while its handler ran: %v, want Unreachable", st.Code)
+	if st := <-firstDone; st.Code != msglayer.BadEndpoint {
+		t.Errorf("send whose receiver closed while its handler ran: %v, want BadEndpoint", st.Code)
 	}
 }
 

@@ -497,10 +497,11 @@ func (p *peer) failAll(code Code) {
 	// (the data was at the peer) and eager messages still incomplete. A
 	// complete eager message is kept: its data is here. A same-process
 	// sender learns what a sender over the network would: that we are
-	// gone (unreachable), or that the exchange was dropped.
+	// gone (the engine nacks frames for a closed endpoint), or that the
+	// exchange was dropped.
 	sendCode := Aborted
 	if code == Closed {
-		sendCode = Unreachable
+		sendCode = BadEndpoint
 	}
 	e.match.eachUnexp(func(u *unexp) {
 		if u.src == p && !(u.localSend == nil && !u.rndv && u.complete()) {

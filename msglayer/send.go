@@ -152,8 +152,8 @@ func (g *engine) runLocal() {
 
 // dropLocal completes the same-process messages waiting for the driver,
 // or being handed over by it, that closing endpoint c sent (Closed) or
-// was sent (Unreachable: as over the network, where the sender would
-// give up).
+// was sent (BadEndpoint: as over the network, where c's engine nacks
+// what comes for it).
 //
 // +checklocks:g.mu
 func (g *engine) dropLocal(c *Endpoint) {
@@ -162,7 +162,7 @@ func (g *engine) dropLocal(c *Endpoint) {
 		case m.r.ep == c:
 			return Closed, true
 		case m.to == c:
-			return Unreachable, true
+			return BadEndpoint, true
 		}
 		return 0, false
 	})
@@ -203,6 +203,23 @@ func (g *engine) dropLocalIf(drop func(localMsg) (Code, bool)) {
 	g.localQueued.Store(g.localHead < len(g.localIn))
 }
 
+// localGone reports whether same-process endpoint t can take nothing
+// from e, and with which code, as over the network: t closed
+// (BadEndpoint: its engine nacks frames for an endpoint it does not
+// have), or t forgot e (BadSession: a disconnect, as a peer that no
+// longer knows our session says).
+//
+// +checklocks:e.eng.mu
+func localGone(t, e *Endpoint) (Code, bool) {
+	switch {
+	case t.closed:
+		return BadEndpoint, true
+	case t.peers[e.addr] == nil:
+		return BadSession, true
+	}
+	return 0, false
+}
+
 // arriveLocal delivers r, sent by e, to t: into the receive it matches,
 // else to t's unexpected queue after t's handler (only when handler is
 // set: the caller is the driver) saw it. Without handler it reports false,
@@ -216,10 +233,9 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 		e.complete(r, Closed)
 		return true
 	case t.closed || tp == nil:
-		// Gone, or it forgot us: as over the network, where the send
-		// would go unanswered until it gave up. Closed would say that
-		// this endpoint closed.
-		e.complete(r, Unreachable)
+		// Closed would say that this endpoint closed.
+		code, _ := localGone(t, e)
+		e.complete(r, code)
 		return true
 	}
 	if rr := t.match.arrive(r.match); rr != nil {
@@ -253,7 +269,7 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 			e.complete(r, Closed)
 			return true
 		case !ok && t.closed:
-			e.complete(r, Unreachable)
+			e.complete(r, BadEndpoint)
 			return true
 		case !ok: // the exchange was forgotten meanwhile
 			e.complete(r, Aborted)

@@ -335,3 +335,62 @@ func TestGiveUpOnTime(t *testing.T) {
 		whenDone(t, n, n.b, r)
 	})
 }
+
+// TestReceiverClosedMidPull: a receiver closes while it pulls a large
+// message, its engine staying up for another endpoint. The sender, whose
+// record was acked, sends it only keepalives while it waits for the
+// notify: the engine nacks the first (no such endpoint), and the send
+// fails BadEndpoint at once rather than after GiveUp (or never, with
+// GiveUp "never").
+func TestReceiverClosedMidPull(t *testing.T) {
+	n := newManNet(t, time.Hour)
+	a, b := n.a, n.b
+	n.open(n.lb, 3, 0xc) // keeps b's engine running after b closes
+	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+	n.lockstep()
+	mustComplete(t, a, ra, Success, "connect")
+	b.Irecv(5, ^uint64(0), [][]byte{make([]byte, 1<<20)}, nil)
+	s, err := a.Isend(b.Addr(), 5, [][]byte{make([]byte, 1<<20)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	isPullReply := func(f []byte) bool {
+		var h header
+		return h.decode(f) == nil && h.typ == tPullReply
+	}
+	// The record arrives and is acked; every pull reply is lost.
+	for range 5 {
+		for range 100 {
+			fa, fb := n.la.take(), n.lb.take()
+			if len(fa)+len(fb) == 0 {
+				break
+			}
+			for _, f := range fa {
+				if !isPullReply(f) {
+					n.deliver(b, f)
+				}
+			}
+			for _, f := range fb {
+				n.deliver(a, f)
+			}
+		}
+		n.clock.Advance(time.Millisecond)
+		n.timers(a)
+		n.timers(b)
+	}
+	b.Close()
+	n.lb.take()
+	for range 8 { // 2 s: a few keepalive intervals
+		n.clock.Advance(250 * time.Millisecond)
+		n.timers(a)
+		for _, f := range n.la.take() {
+			n.deliver(b, f) // b's engine: no endpoint 2 now
+		}
+		for _, f := range n.lb.take() {
+			n.deliver(a, f)
+		}
+	}
+	if st, ok, _ := a.Test(s); !ok || st.Code != BadEndpoint {
+		t.Fatalf("send to a receiver that closed mid-pull: done %v, %v after 2 s; want BadEndpoint", ok, st.Code)
+	}
+}
