@@ -17,7 +17,7 @@ import (
 // connect that the peer took but then disconnected us before its answer
 // arrived with ErrAborted.
 func (e *Endpoint) Connect(ctx context.Context, a Addr, key uint32) error {
-	r, err := e.IConnect(a, key, nil)
+	r, err := e.iconnect(a, key, 0, nil, true)
 	if err != nil {
 		return err
 	}
@@ -32,8 +32,18 @@ func (e *Endpoint) Connect(ctx context.Context, a Addr, key uint32) error {
 	return nil
 }
 
-// IConnect starts connecting to a and returns the request to wait on.
-func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
+// IConnect starts connecting to a and returns the request to wait on. Its
+// completion carries match in Status.Match, as MX's mx_iconnect's
+// match_info: TestAny and WaitAny find it by that, so a connect can be
+// told from the messages a wait for any request is after.
+func (e *Endpoint) IConnect(a Addr, key uint32, match uint64, ctx any) (Request, error) {
+	return e.iconnect(a, key, match, ctx, false)
+}
+
+// iconnect is IConnect; a private request (Connect's, which waits for it)
+// is left out of the done queue, where TestAny, WaitAny and Peek of other
+// goroutines would find it.
+func (e *Endpoint) iconnect(a Addr, key uint32, match uint64, ctx any, private bool) (Request, error) {
 	if a.MAC[0]&1 != 0 {
 		return Request{}, &ArgError{Arg: "address", Err: fmt.Errorf("%v is a group (broadcast or multicast) address", a)}
 	}
@@ -45,7 +55,8 @@ func (e *Endpoint) IConnect(a Addr, key uint32, ctx any) (Request, error) {
 	}
 	now := g.readClock()
 	r := e.newRequest(kindConnect, ctx)
-	r.status.Source = a
+	r.private = private
+	r.status.Source, r.status.Match = a, match
 	r.connAddr, r.connKey = a, key
 	if a.MAC == g.mac {
 		// Same NIC, same process: no frame needed.

@@ -49,8 +49,8 @@ func TestReconnectAfterManyIDs(t *testing.T) {
 func TestLockstepConnects(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a, b := n.a, n.b
-	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
-	rb, _ := b.IConnect(a.Addr(), 0xa, nil)
+	ra, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
+	rb, _ := b.IConnect(a.Addr(), 0xa, 0, nil)
 	n.lockstep()
 	for _, x := range []struct {
 		e *Endpoint
@@ -63,8 +63,8 @@ func TestLockstepConnects(t *testing.T) {
 	// Both connect again; the copies are slow (held). Both sides then
 	// forget the other (Disconnect; the disconnect frames are lost), and
 	// the held copies from the old ids arrive.
-	a.IConnect(b.Addr(), 0xb, nil)
-	b.IConnect(a.Addr(), 0xa, nil)
+	a.IConnect(b.Addr(), 0xb, 0, nil)
+	b.IConnect(a.Addr(), 0xa, 0, nil)
 	oldA, oldB := n.la.take(), n.lb.take()
 	a.Disconnect(b.Addr())
 	b.Disconnect(a.Addr())
@@ -89,8 +89,8 @@ func TestLockstepConnects(t *testing.T) {
 	n.lockstep()
 	// The applications keep calling Connect, both at once.
 	for round := range 8 {
-		ra, _ := a.IConnect(b.Addr(), 0xb, nil)
-		rb, _ := b.IConnect(a.Addr(), 0xa, nil)
+		ra, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
+		rb, _ := b.IConnect(a.Addr(), 0xa, 0, nil)
 		var sa, sb Status
 		var oka, okb bool
 		for range 20 {
@@ -141,8 +141,8 @@ func TestSymmetricReconnects(t *testing.T) {
 	la.Hub().SetConfig(xdp.MemConfig{Delay: 20 * time.Millisecond})
 	// Both connect again and, with the connects on the wire, forget the
 	// other (an application's "reconnect": Disconnect, then Connect).
-	a.IConnect(b.Addr(), 0xb, nil)
-	b.IConnect(a.Addr(), 0xa, nil)
+	a.IConnect(b.Addr(), 0xb, 0, nil)
+	b.IConnect(a.Addr(), 0xa, 0, nil)
 	a.Disconnect(b.Addr())
 	b.Disconnect(a.Addr())
 	type res struct {
@@ -183,11 +183,11 @@ func TestSymmetricReconnects(t *testing.T) {
 func TestOldSelfCopiesFlipFlop(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a := n.a
-	ra, _ := a.IConnect(n.b.Addr(), 0xb, nil)
+	ra, _ := a.IConnect(n.b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	a.Forget(ra)
 	b := n.b
-	b.IConnect(a.Addr(), 0xa, nil) // copies of one connect, held in the network
+	b.IConnect(a.Addr(), 0xa, 0, nil) // copies of one connect, held in the network
 	c1 := n.lb.take()
 	n.clock.Advance(50 * time.Millisecond)
 	n.timers(b)
@@ -195,7 +195,7 @@ func TestOldSelfCopiesFlipFlop(t *testing.T) {
 	b2 := n.restart(b)
 	tears := 0
 	for i, copy := range [][]byte{c1[0], c2[0]} {
-		r, _ := b2.IConnect(a.Addr(), 0xa, nil)
+		r, _ := b2.IConnect(a.Addr(), 0xa, 0, nil)
 		n.settle(5, 50*time.Millisecond)
 		if st, ok, _ := b2.Test(r); !ok || st.Code != Success {
 			t.Fatalf("b2's connect %d: %v %v", i, ok, st.Code)
@@ -224,7 +224,7 @@ func TestOldSelfCopiesFlipFlop(t *testing.T) {
 // with the new self.
 func TestRestartTakenAfterChallenge(t *testing.T) {
 	n := newManNet(t, time.Hour)
-	ra, _ := n.a.IConnect(n.b.Addr(), 0xb, nil)
+	ra, _ := n.a.IConnect(n.b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, n.a, ra, Success, "first connect")
 	a := n.a
@@ -235,7 +235,7 @@ func TestRestartTakenAfterChallenge(t *testing.T) {
 	}
 	n.lockstep()
 	b2 := n.restart(n.b)
-	rb, _ := b2.IConnect(a.Addr(), 0xa, nil)
+	rb, _ := b2.IConnect(a.Addr(), 0xa, 0, nil)
 	n.lockstep() // no clock step: no connect is sent again
 	mustComplete(t, b2, rb, Success, "the new self's connect")
 	mustComplete(t, a, s, BadSession, "a's send to the old self")
@@ -259,7 +259,7 @@ func TestRestartTakenAfterChallenge(t *testing.T) {
 func TestLateReplyOfOldSelf(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a := n.a
-	ra, _ := a.IConnect(n.b.Addr(), 0xb, nil)
+	ra, _ := a.IConnect(n.b.Addr(), 0xb, 0, nil)
 	for _, f := range n.la.take() {
 		n.deliver(n.b, f)
 	}
@@ -268,7 +268,7 @@ func TestLateReplyOfOldSelf(t *testing.T) {
 		t.Fatalf("b answered with %d frames, want 1", len(late))
 	}
 	b2 := n.restart(n.b)
-	rb, _ := b2.IConnect(a.Addr(), 0xa, nil)
+	rb, _ := b2.IConnect(a.Addr(), 0xa, 0, nil)
 	n.lockstep()
 	mustComplete(t, b2, rb, Success, "the new self's connect")
 	s, err := a.Isend(b2.Addr(), 5, [][]byte{make([]byte, 40000)}, nil) // b2 takes it later
@@ -340,7 +340,7 @@ func TestPullGivesUpOnTime(t *testing.T) {
 // used to overflow, and the first retry timed it out.
 func TestConnectNeverGivesUp(t *testing.T) {
 	n := newManNet(t, time.Duration(math.MaxInt64))
-	r, err := n.a.IConnect(n.b.Addr(), 0xb, nil)
+	r, err := n.a.IConnect(n.b.Addr(), 0xb, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func TestConnectNeverGivesUp(t *testing.T) {
 func pullGiveUp(t *testing.T, n *manNet, steps int, prep func()) (time.Duration, Code) {
 	t.Helper()
 	a, b := n.a, n.b
-	rc, _ := a.IConnect(b.Addr(), 0xb, nil)
+	rc, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, a, rc, Success, "connect")
 	if prep != nil {
@@ -408,14 +408,14 @@ func pullGiveUp(t *testing.T, n *manNet, steps int, prep func()) (time.Duration,
 func TestHeldConnectKeptThroughStaleCopy(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a := n.a
-	n.b.IConnect(a.Addr(), 0xa, nil)
+	n.b.IConnect(a.Addr(), 0xa, 0, nil)
 	stale := n.lb.take() // b0's connect, late
 	b1 := n.restart(n.b)
-	r1, _ := b1.IConnect(a.Addr(), 0xa, nil)
+	r1, _ := b1.IConnect(a.Addr(), 0xa, 0, nil)
 	n.lockstep()
 	mustComplete(t, b1, r1, Success, "b1's connect")
 	b2 := n.restart(b1)
-	r2, _ := b2.IConnect(a.Addr(), 0xa, nil)
+	r2, _ := b2.IConnect(a.Addr(), 0xa, 0, nil)
 	for _, f := range n.lb.take() {
 		n.deliver(a, f) // b2's connect: held, b1 asked
 	}
@@ -433,12 +433,12 @@ func TestHeldConnectKeptThroughStaleCopy(t *testing.T) {
 func TestHeldConnectKeptThroughReplyChallenge(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a := n.a
-	r0, _ := a.IConnect(n.b.Addr(), 0xb, nil)
+	r0, _ := a.IConnect(n.b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, a, r0, Success, "first connect")
 	b2 := n.restart(n.b)
-	ra, _ := a.IConnect(b2.Addr(), 0xb, nil)
-	rb, _ := b2.IConnect(a.Addr(), 0xa, nil)
+	ra, _ := a.IConnect(b2.Addr(), 0xb, 0, nil)
+	rb, _ := b2.IConnect(a.Addr(), 0xa, 0, nil)
 	aConnect, bConnect := n.la.take(), n.lb.take()
 	for _, f := range bConnect {
 		n.deliver(a, f) // held; a asks b1 (a keepalive)

@@ -130,7 +130,7 @@ func (x *explorer) step() {
 		x.deliver(x.flight[i].to, x.flight[i].f)
 	case k < 12:
 		x.logf("%s connect", x.name(e))
-		r, _ := e.IConnect(x.other(e).Addr(), x.other(e).cfg.Key, nil)
+		r, _ := e.IConnect(x.other(e).Addr(), x.other(e).cfg.Key, 0, nil)
 		e.Forget(r)
 	case k < 13:
 		if x.restarts && x.rng.IntN(4) == 0 {
@@ -233,8 +233,8 @@ func (x *explorer) heal(rounds int) error {
 	x.collect()
 	x.flight = nil
 	for round := range rounds {
-		ra, _ := x.a.IConnect(x.b.Addr(), 0xb, nil)
-		rb, _ := x.b.IConnect(x.a.Addr(), 0xa, nil)
+		ra, _ := x.a.IConnect(x.b.Addr(), 0xb, 0, nil)
+		rb, _ := x.b.IConnect(x.a.Addr(), 0xa, 0, nil)
 		var sa, sb Status
 		var oka, okb bool
 		for range 40 {
@@ -355,8 +355,8 @@ func TestExploreConnects(t *testing.T) {
 }
 
 func (x *explorer) connectFirst() {
-	ra, _ := x.a.IConnect(x.b.Addr(), 0xb, nil)
-	rb, _ := x.b.IConnect(x.a.Addr(), 0xa, nil)
+	ra, _ := x.a.IConnect(x.b.Addr(), 0xb, 0, nil)
+	rb, _ := x.b.IConnect(x.a.Addr(), 0xa, 0, nil)
 	x.lockstep()
 	x.a.Forget(ra)
 	x.b.Forget(rb)

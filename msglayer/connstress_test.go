@@ -496,7 +496,7 @@ func (r *csRun) track(q *csReq) { r.reqs = append(r.reqs, q) }
 
 func (r *csRun) iconnect(a, b int) *csReq {
 	ea, eb := r.eps[a].e, r.eps[b].e
-	h, err := ea.IConnect(eb.Addr(), r.eps[b].cfg.Key, nil)
+	h, err := ea.IConnect(eb.Addr(), r.eps[b].cfg.Key, 0, nil)
 	if err != nil {
 		r.failf("api", "IConnect %d>%d: %v", a, b, err)
 		return nil
@@ -1026,7 +1026,7 @@ func TestConnStressNackedConnectTakenAsStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Forget(s)
-	c, err := b.IConnect(a2.Addr(), 0xa, nil)
+	c, err := b.IConnect(a2.Addr(), 0xa, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1057,7 +1057,7 @@ func TestConnStressNackedConnectLosesMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.Forget(s)
-	c, err := b.IConnect(a2.Addr(), 0xa, nil)
+	c, err := b.IConnect(a2.Addr(), 0xa, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1137,7 +1137,7 @@ func TestConnStressResyncKeepsDiscardedNumbers(t *testing.T) {
 	}
 	hub := la.Hub()
 	hub.SetConfig(xdp.MemConfig{Delay: 30 * time.Millisecond})
-	c, err := a.IConnect(b.Addr(), 0xb, nil) // arrives in 30 ms, saying a's next number n
+	c, err := a.IConnect(b.Addr(), 0xb, 0, nil) // arrives in 30 ms, saying a's next number n
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1235,7 +1235,7 @@ func TestConnStressLateReplySkipsFrames(t *testing.T) {
 	t.Cleanup(func() { la.Close(); lb.Close() })
 	a := openT(t, Config{Link: la, EndpointID: 1, Key: 0xa})
 	b := openT(t, Config{Link: lb, EndpointID: 2, Key: 0xb})
-	c, err := b.IConnect(a.Addr(), 0xa, nil) // its first copy is on its way to a
+	c, err := b.IConnect(a.Addr(), 0xa, 0, nil) // its first copy is on its way to a
 	if err != nil {
 		t.Fatal(err)
 	}

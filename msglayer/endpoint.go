@@ -792,7 +792,7 @@ func (e *Endpoint) complete(r *request, code Code) {
 		gr.push(r)
 		gr.poke()
 		gr.noteOver()
-	} else {
+	} else if !r.private {
 		e.done.push(r)
 		e.notifyAny()
 	}

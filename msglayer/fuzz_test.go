@@ -585,11 +585,11 @@ func newFuzzPair(t testing.TB, cfgSel byte, record, noPredict bool) *fuzzPair {
 
 // connect connects A and B to each other.
 func (fp *fuzzPair) connect() bool {
-	ra, err := fp.a.IConnect(fp.b.addr, fuzzKeyB, nil)
+	ra, err := fp.a.IConnect(fp.b.addr, fuzzKeyB, 0, nil)
 	if err != nil {
 		fp.t.Fatal(err)
 	}
-	rb, err := fp.b.IConnect(fp.a.addr, fuzzKeyA, nil)
+	rb, err := fp.b.IConnect(fp.a.addr, fuzzKeyA, 0, nil)
 	if err != nil {
 		fp.t.Fatal(err)
 	}

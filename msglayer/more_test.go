@@ -55,7 +55,7 @@ func TestConnectCancelAndClose(t *testing.T) {
 	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
 	ctx := ctxFor(t, 10*time.Second)
 	ghost := msglayer.Addr{MAC: [6]byte{2, 0, 0, 0, 0, 0x99}, EP: 1}
-	r, err := a.IConnect(ghost, 1, "c")
+	r, err := a.IConnect(ghost, 1, 0, "c")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestConnectCancelAndClose(t *testing.T) {
 	// Pending: a receive, a synchronous send, a connect.
 	rr, _ := a.Irecv(5, ^uint64(0), nil, nil)
 	ss, _ := a.Issend(b.Addr(), 6, [][]byte{make([]byte, 10)}, nil)
-	cr, _ := a.IConnect(ghost, 1, nil)
+	cr, _ := a.IConnect(ghost, 1, 0, nil)
 	done := make(chan error, 3)
 	for _, h := range []msglayer.Request{rr, ss, cr} {
 		go func() {

@@ -711,3 +711,32 @@ func TestHandlerEmptyDataSamePaths(t *testing.T) {
 			net0, local0, local0After)
 	}
 }
+
+// TestConnectMatchInfo: an IConnect's completion carries the match info it
+// was given (MX's mx_iconnect match_info), so WaitAny for messages of
+// another match info leaves it, and one for its own finds it.
+func TestConnectMatchInfo(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a := w.open(t, 0, msglayer.Config{EndpointID: 1, Key: 1})
+	b := w.open(t, 1, msglayer.Config{EndpointID: 2, Key: 2})
+	ctx := ctxFor(t, 10*time.Second)
+	r, err := a.IConnect(b.Addr(), 2, 0xc0, "connect")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Wait(ctx, r); err != nil { // completes it; a new one for WaitAny
+		t.Fatal(err)
+	}
+	if _, err := a.IConnect(b.Addr(), 2, 0xc0, "again"); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if st, err := a.WaitAny(short, 0, ^uint64(0)); err == nil {
+		t.Errorf("WaitAny for match 0 took %+v", st)
+	}
+	st, err := a.WaitAny(ctx, 0xc0, ^uint64(0))
+	if err != nil || st.Match != 0xc0 || st.Context != "again" || st.Source != b.Addr() {
+		t.Fatalf("WaitAny for the connect's match = %+v, %v", st, err)
+	}
+}

@@ -143,7 +143,7 @@ func TestFirstHostReplyWins(t *testing.T) {
 func TestRetransmitSaysWindowNow(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a, b := n.a, n.b
-	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+	ra, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, a, ra, Success, "connect")
 	if _, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 100)}, nil); err != nil {
@@ -271,7 +271,7 @@ func TestDialedRecordsNotCounted(t *testing.T) {
 	}
 
 	ghost := Addr{MAC: [6]byte{0x02, 0x77, 0, 0, 0, 1}, EP: 3}
-	r, err := a.IConnect(ghost, 1, nil)
+	r, err := a.IConnect(ghost, 1, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +303,7 @@ func TestLocalDisconnectedRecordGiven(t *testing.T) {
 	n := newManNetCfg(t, Config{MaxPeers: 1}, Config{})
 	a := n.a
 	c := n.openCfg(n.la, 3, 3, Config{})
-	r, _ := c.IConnect(a.Addr(), 0xa, nil)
+	r, _ := c.IConnect(a.Addr(), 0xa, 0, nil)
 	mustComplete(t, c, r, Success, "same-process connect")
 	c.Disconnect(a.Addr())
 	n.clock.Advance(n.giveUp * 2)

@@ -23,8 +23,8 @@ func TestImpossibleNotify(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			n := newManNet(t, time.Hour)
 			a, b := n.a, n.b
-			ra, _ := a.IConnect(b.Addr(), 0xb, nil)
-			rb, _ := b.IConnect(a.Addr(), 0xa, nil)
+			ra, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
+			rb, _ := b.IConnect(a.Addr(), 0xa, 0, nil)
 			n.lockstep()
 			mustComplete(t, a, ra, Success, "a's connect")
 			mustComplete(t, b, rb, Success, "b's connect")
@@ -66,7 +66,7 @@ func TestPullFromClosedEndpoint(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a, b := n.a, n.b
 	other := n.open(n.la, 3, 0xc) // keeps a's engine running after a closes
-	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+	ra, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, a, ra, Success, "a's connect")
 	r, _ := b.Irecv(5, ^uint64(0), [][]byte{make([]byte, 1<<20)}, nil)
@@ -100,7 +100,7 @@ func TestBundleCountedOnce(t *testing.T) {
 	a, b := n.a, n.b
 	a3 := n.open(n.la, 3, 0xc) // b owes acks to both endpoints of a's host
 	for _, from := range []*Endpoint{a, a3} {
-		r, _ := from.IConnect(b.Addr(), 0xb, nil)
+		r, _ := from.IConnect(b.Addr(), 0xb, 0, nil)
 		n.lockstep()
 		mustComplete(t, from, r, Success, "connect")
 	}
@@ -268,7 +268,7 @@ func TestEarlyTimeout(t *testing.T) {
 // connectedManNet is a manNet whose a connected to b, and a's record of b.
 func connectedManNet(t *testing.T) (*manNet, *peer) {
 	n := newManNet(t, time.Hour)
-	r, _ := n.a.IConnect(n.b.Addr(), 0xb, nil)
+	r, _ := n.a.IConnect(n.b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, n.a, r, Success, "connect")
 	return n, n.a.peers[n.b.Addr()]

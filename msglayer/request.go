@@ -54,6 +54,7 @@ type requestState struct {
 	signalled bool // wake was signalled: release drains it
 	forgotten bool // Forget: release at completion, report nothing
 	inDoneQ   bool
+	private   bool     // a blocking call's own (Connect): never in a done queue
 	dprev     *request // done queue (the endpoint's or the group's)
 	dnext     *request
 	group     *Group

@@ -277,7 +277,7 @@ func TestGroupAddressedFrames(t *testing.T) {
 	if c := es[0].Counters().BadFrames; c == 0 {
 		t.Errorf("group-addressed frames not counted as bad")
 	}
-	if _, err := es[0].IConnect(Addr{MAC: broadcastMAC, EP: 1}, 7, nil); err == nil {
+	if _, err := es[0].IConnect(Addr{MAC: broadcastMAC, EP: 1}, 7, 0, nil); err == nil {
 		t.Errorf("IConnect to the broadcast address accepted")
 	}
 }
@@ -404,7 +404,7 @@ func TestLateConnectAfterRestart(t *testing.T) {
 	bAddr := b.Addr()
 	b.Close()
 	lb.Partition(true) // b's host is down: a's first connect is lost
-	ra, err := a.IConnect(bAddr, 0xb, nil)
+	ra, err := a.IConnect(bAddr, 0xb, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,11 +453,11 @@ func openT(t *testing.T, cfg Config) *Endpoint {
 // the two connects crossing, and waits for both.
 func connectBoth(t *testing.T, a, b *Endpoint) {
 	t.Helper()
-	ra, err := a.IConnect(b.Addr(), 0xb, nil)
+	ra, err := a.IConnect(b.Addr(), 0xb, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := b.IConnect(a.Addr(), 0xa, nil)
+	rb, err := b.IConnect(a.Addr(), 0xa, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -485,7 +485,7 @@ func TestConnectCopyAfterDisconnect(t *testing.T) {
 	// The connect is on its way (queued at b) when a is cut off: b's
 	// answers are lost.
 	hub.SetConfig(xdp.MemConfig{Delay: 20 * time.Millisecond})
-	r, err := a.IConnect(b.Addr(), 2, nil)
+	r, err := a.IConnect(b.Addr(), 2, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,7 +555,7 @@ func TestLateConnectOfOldSelf(t *testing.T) {
 	}
 	hub := la.Hub()
 	hub.SetConfig(xdp.MemConfig{Delay: 150 * time.Millisecond})
-	if _, err := b.IConnect(a.Addr(), 0xa, nil); err != nil { // on the wire for 150 ms
+	if _, err := b.IConnect(a.Addr(), 0xa, 0, nil); err != nil { // on the wire for 150 ms
 		t.Fatal(err)
 	}
 	b2 := restart(t, b, lb)
@@ -715,7 +715,7 @@ func TestReopenWhileStopping(t *testing.T) {
 func TestLateOlderConnectAfterDisconnect(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a, b := n.a, n.b
-	ra, err := a.IConnect(b.Addr(), 0xb, nil)
+	ra, err := a.IConnect(b.Addr(), 0xb, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func newManNetCfg(t *testing.T, ca, cb Config) *manNet {
 	n.la, n.lb = &capLink{Link: ma}, &capLink{Link: mb}
 	t.Cleanup(func() { n.la.Link.Close(); n.lb.Link.Close() })
 	n.a, n.b = n.openCfg(n.la, 1, 0xa, ca), n.openCfg(n.lb, 2, 0xb, cb)
-	ra, _ := n.a.IConnect(n.b.Addr(), 0xb, nil)
+	ra, _ := n.a.IConnect(n.b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, n.a, ra, Success, "connect")
 	return n
@@ -112,7 +112,7 @@ func TestGiveUpCountsFromTheWait(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			n := newManNet(t, time.Second)
 			a, b := n.a, n.b
-			ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+			ra, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
 			n.lockstep()
 			mustComplete(t, a, ra, Success, "connect")
 			if giveUpFirst {
@@ -127,7 +127,7 @@ func TestGiveUpCountsFromTheWait(t *testing.T) {
 				mustComplete(t, a, s, Unreachable, "send to the silent peer")
 				n.la.take()
 				n.lb.take()
-				ra, _ = a.IConnect(b.Addr(), 0xb, nil)
+				ra, _ = a.IConnect(b.Addr(), 0xb, 0, nil)
 				n.lockstep()
 				mustComplete(t, a, ra, Success, "reconnect")
 			}
@@ -346,7 +346,7 @@ func TestReceiverClosedMidPull(t *testing.T) {
 	n := newManNet(t, time.Hour)
 	a, b := n.a, n.b
 	n.open(n.lb, 3, 0xc) // keeps b's engine running after b closes
-	ra, _ := a.IConnect(b.Addr(), 0xb, nil)
+	ra, _ := a.IConnect(b.Addr(), 0xb, 0, nil)
 	n.lockstep()
 	mustComplete(t, a, ra, Success, "connect")
 	b.Irecv(5, ^uint64(0), [][]byte{make([]byte, 1<<20)}, nil)
@@ -393,4 +393,25 @@ func TestReceiverClosedMidPull(t *testing.T) {
 	if st, ok, _ := a.Test(s); !ok || st.Code != BadEndpoint {
 		t.Fatalf("send to a receiver that closed mid-pull: done %v, %v after 2 s; want BadEndpoint", ok, st.Code)
 	}
+}
+
+// TestConnectRequestPrivate: the request of a blocking Connect, completed
+// by whoever drives the link, stays out of the done queue, where a TestAny
+// (or WaitAny, or Peek) of another goroutine looking for anything would
+// take it from the Connect waiting for it.
+func TestConnectRequestPrivate(t *testing.T) {
+	n := newManNet(t, time.Second)
+	a, b := n.a, n.b
+	r, err := a.iconnect(b.Addr(), 0xb, 0, nil, true) // as Connect does
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.lockstep() // completed by the driver, nobody waiting
+	if st, ok := a.TestAny(0, 0); ok {
+		t.Fatalf("TestAny(0, 0) took the blocking connect's completion: %+v", st)
+	}
+	if _, ok := a.IPeek(); ok {
+		t.Fatal("IPeek shows the blocking connect's completion")
+	}
+	mustComplete(t, a, r, Success, "the connect, to its own Wait")
 }
