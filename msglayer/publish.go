@@ -259,10 +259,14 @@ func ReadPublished(dir string) ([]ProcessCounters, error) {
 	var errs []error
 	for _, ent := range ents {
 		name := ent.Name()
+		path := filepath.Join(dir, name)
+		if filepath.Ext(name) == ".tmp" {
+			removeStaleTmp(path)
+			continue
+		}
 		if filepath.Ext(name) != ".sock" {
 			continue
 		}
-		path := filepath.Join(dir, name)
 		pc, err := readPublished(path)
 		switch {
 		case err == nil:
@@ -278,6 +282,28 @@ func ReadPublished(dir string) ([]ProcessCounters, error) {
 	}
 	slices.SortFunc(out, func(a, b ProcessCounters) int { return a.PID - b.PID })
 	return out, errors.Join(errs...)
+}
+
+// staleTmpAge is how old a socket under its temporary name must be for a
+// reader to take it for one left by a process that died between its bind
+// and its rename (listenPublished holds that name for a dial's time).
+const staleTmpAge = time.Minute
+
+// removeStaleTmp removes the socket at path, under its temporary name, if
+// it is older than staleTmpAge and nobody listens on it.
+func removeStaleTmp(path string) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode().Type() != fs.ModeSocket || time.Since(fi.ModTime()) < staleTmpAge {
+		return
+	}
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		c.Close()
+		return
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		os.Remove(path)
+	}
 }
 
 // readPublished reads one process's document from the socket at path.

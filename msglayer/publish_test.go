@@ -267,3 +267,40 @@ func readAlong(dir string, more func(error) bool) (stop func()) {
 	}()
 	return func() { close(done); wg.Wait() }
 }
+
+// TestReaderRemovesStaleTmp: a socket left under its temporary name by a
+// process that died between its bind and its rename is removed by a
+// reader once it is older than staleTmpAge and nobody listens on it; a
+// young one, or one with a listener, stays.
+func TestReaderRemovesStaleTmp(t *testing.T) {
+	dir := publishDir(t)
+	old := time.Now().Add(-2 * staleTmpAge)
+	mk := func(name string, listen bool, mtime time.Time) string {
+		path := filepath.Join(dir, name)
+		ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.SetUnlinkOnClose(false)
+		if listen {
+			t.Cleanup(func() { ln.Close(); os.Remove(path) })
+		} else {
+			ln.Close()
+		}
+		if err := os.Chtimes(path, mtime, mtime); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	dead := mk("99999.1.tmp", false, old)
+	young := mk("99999.2.tmp", false, time.Now())
+	live := mk("99999.3.tmp", true, old)
+	if _, err := ReadPublished(dir); err != nil {
+		t.Fatal(err)
+	}
+	for path, want := range map[string]bool{dead: false, young: true, live: true} {
+		if _, err := os.Lstat(path); (err == nil) != want {
+			t.Errorf("%s: there %v after a read, want %v", filepath.Base(path), err == nil, want)
+		}
+	}
+}
