@@ -479,6 +479,12 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 		if g == nil {
 			break
 		}
+		if g.linkGone.Load() && g.refs > 0 {
+			// Its interface is gone: this one (of the same name) is a
+			// new interface, for a new engine. The old one leaves the
+			// map when its last endpoint closes, if still there.
+			break
+		}
 		if g.refs > 0 {
 			if err := g.shares(cfg); err != nil {
 				return nil, "", err

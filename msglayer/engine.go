@@ -3,6 +3,7 @@ package msglayer
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
 	"runtime"
 	"sync"
@@ -30,12 +31,18 @@ type engine struct {
 	index   uint64 // creation order, for lock ordering
 	key     string // in engines: the interface name or the given link
 	link    xdp.Link
-	waker   xdp.Waker        // nil if the link cannot be woken
-	visitor xdp.FrameVisitor // nil if the link cannot lend received frames
-	prober  xdp.IdleProber   // nil if the link cannot tell it is idle without a syscall
-	builder xdp.FrameBuilder // nil if the link cannot build frames in place
-	gather  xdp.BufferLink   // nil if the link cannot send from lent buffers
-	tails   xdp.TailSender   // nil if the link's kernel cannot read tails where they lie
+	waker   xdp.Waker            // nil if the link cannot be woken
+	visitor xdp.FrameVisitor     // nil if the link cannot lend received frames
+	prober  xdp.IdleProber       // nil if the link cannot tell it is idle without a syscall
+	builder xdp.FrameBuilder     // nil if the link cannot build frames in place
+	gather  xdp.BufferLink       // nil if the link cannot send from lent buffers
+	tails   xdp.TailSender       // nil if the link's kernel cannot read tails where they lie
+	checker xdp.InterfaceChecker // nil if the link cannot lose its interface
+	// linkGone is set once the link said its interface is gone
+	// (xdp.ErrInterfaceGone): no new endpoint joins the engine (Open
+	// makes a new one, on the interface that replaced it), and the
+	// background goroutine looks in less and less often.
+	linkGone atomic.Bool
 	// lendsBuffers: the link has a buffer area for AllocBuffer. Set
 	// before the background goroutine starts, read-only after.
 	lendsBuffers bool
@@ -105,6 +112,9 @@ type engine struct {
 	// in the kernel and a batch of frames handled leave it stale.
 	polledNow int64
 	nowPolls  int
+	// checkedAt is when a polling driver last asked the link whether its
+	// interface is there (checker; a link's sleeps ask by themselves).
+	checkedAt int64
 	// sleptFrom is, during a driveOnce after prepareSleep, the clock
 	// prepareSleep read (0: none, or used). Frames that receive wakes up
 	// to are handled at sleptFrom plus the time the link says it waited
@@ -395,6 +405,7 @@ func newEngine(link xdp.Link, cfg *Config) *engine {
 	g.builder, _ = base.(xdp.FrameBuilder)
 	g.gather, _ = base.(xdp.BufferLink)
 	g.tails, _ = base.(xdp.TailSender)
+	g.checker, _ = base.(xdp.InterfaceChecker)
 	if t, ok := base.(interface{ TraceSide() int }); ok {
 		g.traceSide = t.TraceSide()
 	}
@@ -700,6 +711,7 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 	}
 	if err != nil {
 		g.sleptFrom = 0 // the receive may have ended before its wait began
+		g.noteLinkErr(err)
 	}
 	if n == 0 && timeout == 0 {
 		// Spinning: reading the clock costs tens of nanoseconds, so read
@@ -711,10 +723,42 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 		}
 		if g.nowPolls <= 0 {
 			g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
+			if err == nil {
+				err = g.checkInterface(g.polledNow)
+			}
 		}
 	}
 	g.handled(n)
 	return n, err
+}
+
+// checkInterface asks the link, about once an interfaceCheck of a
+// driver that only polls (a sleeping link asks by itself), whether its
+// interface is still there.
+func (g *engine) checkInterface(now int64) error {
+	if g.checker == nil || now-g.checkedAt < int64(interfaceCheck) {
+		return nil
+	}
+	g.checkedAt = now
+	err := g.checker.CheckInterface()
+	if err != nil && !errors.Is(err, xdp.ErrInterfaceGone) {
+		return nil // closed under us: the next receive says so
+	}
+	g.noteLinkErr(err)
+	return err
+}
+
+// interfaceCheck is how often a polling driver asks the link whether its
+// interface is there: as often as a sleeping link asks itself.
+const interfaceCheck = time.Second
+
+// noteLinkErr notes a receive's error: once the interface is gone, an
+// Open on the interface that replaced it makes a new engine rather than
+// join this one (acquireEngine).
+func (g *engine) noteLinkErr(err error) {
+	if err != nil && !g.linkGone.Load() && errors.Is(err, xdp.ErrInterfaceGone) {
+		g.linkGone.Store(true)
+	}
 }
 
 // peek handles the frames waiting on the link, if there are any, and
@@ -1525,21 +1569,26 @@ func (g *engine) background() {
 			continue
 		}
 		g.bgDriving.Store(true)
+		pause := lingerAPI
 	drive:
 		for g.wantDrive.Load() == 0 && !g.closed.Load() && !g.handlerPanicked.Load() {
 			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil {
 				if g.closed.Load() {
 					break
 				}
-				// A link that keeps failing (closed under us, say)
-				// must not make this loop spin: pause as between
-				// looks.
-				linger.Reset(lingerAPI)
+				// A link that keeps failing (its interface gone,
+				// say) must not make this loop spin: pause, longer
+				// each time, up to an idle sleep (timers still run,
+				// in prepareSleep: a dead peer is given up).
+				linger.Reset(pause)
+				pause = min(2*pause, 250*time.Millisecond)
 				select {
 				case <-g.bgStop:
 					break drive
 				case <-linger.C:
 				}
+			} else {
+				pause = lingerAPI
 			}
 		}
 		g.bgDriving.Store(false)

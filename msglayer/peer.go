@@ -322,7 +322,8 @@ func (p *peer) isCopy(x, connID uint32) bool {
 // pair) and we reset, as we would at any of its frames; one waiting for
 // the reply to a connect of its own drops it (awaitsReply), and its
 // connect, which pairs us again, comes anyway. No endpoint at the
-// address: no answer, and the connection stays until its give-up.
+// address (an engine that lives on) nacks it as bad endpoint: we reset,
+// dropping the connects held, which their senders send again.
 
 // challenge holds connect connID of id x (generation gen), MTU mtu, and
 // asks the self we know whether it lives, at most once per timeout. A

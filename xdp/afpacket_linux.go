@@ -107,7 +107,6 @@ type AFPacketLink struct {
 	rxIov   []unix.Iovec
 	rxPoll  [3]unix.PollFd // socket POLLIN, eventfd POLLIN, wake eventfd POLLIN
 	rxTimer recvTimer      // bounds a Recv's wait
-	rxSlice unix.Timespec  // a slice of an unbounded wait (goneCheck)
 	// rxVisit holds Batch receive slots of rxSlot bytes into which RecvVisit
 	// receives and where it shows the frames; allocated by the first
 	// RecvVisit.
@@ -144,12 +143,13 @@ type AFPacketLink struct {
 }
 
 var (
-	_ Link         = (*AFPacketLink)(nil)
-	_ Waker        = (*AFPacketLink)(nil)
-	_ WaitMeter    = (*AFPacketLink)(nil)
-	_ FrameBuilder = (*AFPacketLink)(nil)
-	_ FrameVisitor = (*AFPacketLink)(nil)
-	_ TailSender   = (*AFPacketLink)(nil)
+	_ Link             = (*AFPacketLink)(nil)
+	_ Waker            = (*AFPacketLink)(nil)
+	_ InterfaceChecker = (*AFPacketLink)(nil)
+	_ WaitMeter        = (*AFPacketLink)(nil)
+	_ FrameBuilder     = (*AFPacketLink)(nil)
+	_ FrameVisitor     = (*AFPacketLink)(nil)
+	_ TailSender       = (*AFPacketLink)(nil)
 )
 
 // OpenAFPacket opens an AF_PACKET link on cfg.Interface. It needs
@@ -397,6 +397,22 @@ func (l *AFPacketLink) goneErr(op string) error {
 func (l *AFPacketLink) markGone(op string, errno unix.Errno) error {
 	l.gone.CompareAndSwap(0, uint32(errno))
 	return l.goneErr(op)
+}
+
+// CheckInterface implements InterfaceChecker.
+func (l *AFPacketLink) CheckInterface() error {
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	switch {
+	case l.closed.Load():
+		return l.opErr("check interface", net.ErrClosed)
+	case l.gone.Load() != 0:
+		return l.goneErr("check interface")
+	}
+	if err := l.askGone(); err != nil {
+		return l.goneErr("check interface")
+	}
+	return nil
 }
 
 // askGone asks the socket, after a receive that failed ENETDOWN or a wait
@@ -773,19 +789,21 @@ func (l *AFPacketLink) recvLocked(n int, timeout time.Duration) (int, error) {
 			if l.rxTimer.expired() {
 				return 0, nil
 			}
+			if l.rxTimer.spinLook() {
+				if err := l.askGone(); err != nil {
+					return 0, err
+				}
+			}
 			continue
 		}
-		ts, ok := l.rxTimer.pollTimeout()
+		ts, ok := l.rxTimer.pollSlice()
 		if !ok {
 			return 0, nil
-		}
-		if ts == nil {
-			l.rxSlice = unix.NsecToTimespec(int64(goneCheck))
-			ts = &l.rxSlice
 		}
 		l.rxPoll[0].Revents, l.rxPoll[1].Revents, l.rxPoll[2].Revents = 0, 0, 0
 		l.wakeups.Add(1)
 		ready, pe := pollFds(l.rxPoll[:], ts)
+		l.rxTimer.afterPoll()
 		if pe != 0 && pe != unix.EINTR {
 			return 0, l.opErr("poll", pe)
 		}

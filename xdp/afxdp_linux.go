@@ -205,9 +205,6 @@ type AFXDPLink struct {
 	rxPoll [3]unix.PollFd // socket, close eventfd, wake eventfd
 	// +checklocks:rxMu
 	rxTimer recvTimer
-	// rxSlice is the timespec of a slice of an unbounded wait (goneCheck).
-	// +checklocks:rxMu
-	rxSlice unix.Timespec
 	// rxScratch reassembles a multi-buffer packet for RecvVisit.
 	// +checklocks:rxMu
 	rxScratch []byte
@@ -269,13 +266,14 @@ type AFXDPLink struct {
 }
 
 var (
-	_ Link         = (*AFXDPLink)(nil)
-	_ Waker        = (*AFXDPLink)(nil)
-	_ WaitMeter    = (*AFXDPLink)(nil)
-	_ IdleProber   = (*AFXDPLink)(nil)
-	_ FrameBuilder = (*AFXDPLink)(nil)
-	_ FrameVisitor = (*AFXDPLink)(nil)
-	_ BufferLink   = (*AFXDPLink)(nil)
+	_ Link             = (*AFXDPLink)(nil)
+	_ Waker            = (*AFXDPLink)(nil)
+	_ WaitMeter        = (*AFXDPLink)(nil)
+	_ IdleProber       = (*AFXDPLink)(nil)
+	_ InterfaceChecker = (*AFXDPLink)(nil)
+	_ FrameBuilder     = (*AFXDPLink)(nil)
+	_ FrameVisitor     = (*AFXDPLink)(nil)
+	_ BufferLink       = (*AFXDPLink)(nil)
 )
 
 // bindBusyWait bounds how long bind retries while the queue is still held
@@ -607,8 +605,52 @@ func (l *AFXDPLink) markGone(op string, errno unix.Errno) error {
 //
 // +checklocks:l.rxMu
 func (l *AFXDPLink) askGone() error {
-	if v, err := unix.GetsockoptInt(l.fd, unix.SOL_SOCKET, unix.SO_ERROR); err == nil && v != 0 {
-		return l.markGone("recv", unix.Errno(v))
+	if l.gone.Load() != 0 {
+		return l.goneErr("recv")
+	}
+	if l.closed.Load() {
+		return nil // the fd is Close's (a queue of a multi-queue link)
+	}
+	if e := l.soError(); e != 0 {
+		return l.markGone("recv", e)
+	}
+	return nil
+}
+
+// soError reads and clears the socket's pending error (SO_ERROR), which
+// only the unbinding of its device sets. The caller holds rxMu or txMu,
+// which keep fd open.
+func (l *AFXDPLink) soError() unix.Errno {
+	v, err := unix.GetsockoptInt(l.fd, unix.SOL_SOCKET, unix.SO_ERROR)
+	if err != nil {
+		return 0
+	}
+	return unix.Errno(v)
+}
+
+// unbound reports whether a kick's errno says that the socket lost its
+// device: ENXIO, which in copy mode only an unbound socket returns; in
+// zero-copy mode it is the driver's answer (some return it while their
+// rings reset), taken as gone only if the socket's error says so too.
+func (l *AFXDPLink) unbound(err error) bool {
+	if err != unix.ENXIO {
+		return false
+	}
+	return !l.zeroCopy || l.soError() != 0
+}
+
+// CheckInterface implements InterfaceChecker.
+func (l *AFXDPLink) CheckInterface() error {
+	if l.gone.Load() != 0 {
+		return l.goneErr("check interface")
+	}
+	l.rxMu.Lock()
+	defer l.rxMu.Unlock()
+	if l.closed.Load() {
+		return l.closedErr("check interface")
+	}
+	if e := l.soError(); e != 0 {
+		return l.markGone("check interface", e)
 	}
 	return nil
 }
@@ -685,8 +727,8 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		if n > 0 {
 			return n, nil
 		}
-		if l.fill.needWakeup() && l.kick(unix.SYS_RECVFROM) == unix.ENXIO {
-			return 0, l.markGone("recv", unix.ENXIO) // unbound
+		if l.fill.needWakeup() && l.unbound(l.kick(unix.SYS_RECVFROM)) {
+			return 0, l.markGone("recv", unix.ENXIO)
 		}
 		l.kickStalled()
 		if timeout == 0 || l.wk.take() {
@@ -701,19 +743,21 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 			if spins&255 == 255 && l.rxTimer.expired() {
 				return 0, nil
 			}
+			if l.rxTimer.spinLook() {
+				if err := l.askGone(); err != nil {
+					return 0, err
+				}
+			}
 			continue
 		}
-		ts, ok := l.rxTimer.pollTimeout()
+		ts, ok := l.rxTimer.pollSlice()
 		if !ok {
 			return 0, nil
-		}
-		if ts == nil {
-			l.rxSlice = unix.NsecToTimespec(int64(goneCheck))
-			ts = &l.rxSlice
 		}
 		Trace(l.traceSide, TraceSleep)
 		err := l.wait(l.rxPoll[:], ts)
 		Trace(l.traceSide, TraceWoke)
+		l.rxTimer.afterPoll()
 		if err != nil {
 			return 0, &OpError{Op: "recv: poll", Interface: l.ifname, Err: err}
 		}
@@ -723,7 +767,7 @@ func (l *AFXDPLink) recvLocked(bufs [][]byte, sizes []int, max int, v Visitor, t
 		if l.rxPoll[2].Revents != 0 {
 			l.wk.drain()
 		} else if l.rxPoll[0].Revents == 0 {
-			// Time up, or a slice of an unbounded wait: no frame came.
+			// Time up, or a slice of the wait: no frame came.
 			if err := l.askGone(); err != nil {
 				return 0, err
 			}
@@ -1072,9 +1116,12 @@ func (l *AFXDPLink) kickTx() error {
 			l.reclaim()
 		case unix.EAGAIN, unix.ENOBUFS, unix.EINTR:
 			l.reclaim()
-		case unix.ENXIO: // unbound: the interface is gone
+		case unix.ENXIO:
 			l.txErrs.Add(1)
-			return l.markGone("send: wake kernel", unix.ENXIO)
+			if l.unbound(err) {
+				return l.markGone("send: wake kernel", unix.ENXIO)
+			}
+			return &OpError{Op: "send: wake kernel", Interface: l.ifname, Err: err}
 		default:
 			l.txErrs.Add(1)
 			return &OpError{Op: "send: wake kernel", Interface: l.ifname, Err: err}

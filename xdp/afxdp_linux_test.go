@@ -459,3 +459,77 @@ func TestAFXDPCountsDroppedSends(t *testing.T) {
 		t.Errorf("3 frames dropped by the driver: Send = %d, nil, TxErrors grew by %d; want 3", n, got)
 	}
 }
+
+// TestAFXDPInterfaceGoneOtherWaits: the waits that do not sleep without
+// a bound learn of a deleted interface too: a bounded wait longer than
+// goneCheck (its polls are cut to it), a spinning wait (it asks every
+// few ten thousand turns), and a poller that asks CheckInterface.
+func TestAFXDPInterfaceGoneOtherWaits(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		spin    bool
+		timeout time.Duration
+	}{{"bounded", false, 4 * time.Second}, {"spin", true, -1}, {"poll", false, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			lab := netlab.New(t, netlab.Options{Hosts: 2})
+			h := lab.Hosts[0]
+			a := openAFXDP(t, h, xdp.AFXDPConfig{Spin: tc.spin})
+			if err := a.CheckInterface(); err != nil {
+				t.Fatalf("CheckInterface before = %v", err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				bufs, sizes := [][]byte{make([]byte, 2048)}, []int{0}
+				if tc.timeout != 0 {
+					_, err := a.Recv(bufs, sizes, tc.timeout)
+					done <- err
+					return
+				}
+				for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+					if _, err := a.Recv(bufs, sizes, 0); err != nil {
+						done <- err
+						return
+					}
+					if err := a.CheckInterface(); err != nil {
+						done <- err
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				done <- nil
+			}()
+			time.Sleep(50 * time.Millisecond)
+			if out, err := h.Command("ip", "link", "del", h.Interface).CombinedOutput(); err != nil {
+				t.Fatalf("ip link del %s: %v: %s", h.Interface, err, out)
+			}
+			start := time.Now()
+			select {
+			case err := <-done:
+				if el := time.Since(start); !errors.Is(err, xdp.ErrInterfaceGone) || el > 1500*time.Millisecond {
+					t.Errorf("ended after %v with %v; want ErrInterfaceGone within goneCheck", el, err)
+				}
+			case <-time.After(5 * time.Second):
+				a.Close()
+				<-done
+				t.Fatal("still waiting 5 s after the interface was deleted")
+			}
+		})
+	}
+}
+
+// TestAFXDPSlicedWaitKeepsItsBound: a bounded wait longer than goneCheck,
+// cut into slices, still lasts its bound, and Waited says so.
+func TestAFXDPSlicedWaitKeepsItsBound(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{})
+	const bound = 1300 * time.Millisecond
+	start := time.Now()
+	n, err := a.Recv([][]byte{make([]byte, 2048)}, []int{0}, bound)
+	el := time.Since(start)
+	if n != 0 || err != nil || el < bound-50*time.Millisecond || el > bound+300*time.Millisecond {
+		t.Errorf("Recv(%v) on an idle link = %d, %v after %v", bound, n, err, el)
+	}
+	if w, ok := a.Waited(); !ok || w < bound-time.Millisecond || w > bound+time.Millisecond {
+		t.Errorf("Waited = %v, %v; want %v", w, ok, bound)
+	}
+}

@@ -42,8 +42,6 @@ type AFXDPMultiLink struct {
 	pollFds []unix.PollFd // every socket, then every close eventfd, then wk's
 	// +checklocks:rxMu
 	timer recvTimer
-	// +checklocks:rxMu
-	slice unix.Timespec // a slice of an unbounded wait (goneCheck)
 
 	// txMu serialises SendBuilt.
 	txMu sync.Mutex
@@ -58,11 +56,12 @@ type AFXDPMultiLink struct {
 }
 
 var (
-	_ Link         = (*AFXDPMultiLink)(nil)
-	_ Waker        = (*AFXDPMultiLink)(nil)
-	_ FrameBuilder = (*AFXDPMultiLink)(nil)
-	_ FrameVisitor = (*AFXDPMultiLink)(nil)
-	_ IdleProber   = (*AFXDPMultiLink)(nil)
+	_ Link             = (*AFXDPMultiLink)(nil)
+	_ Waker            = (*AFXDPMultiLink)(nil)
+	_ FrameBuilder     = (*AFXDPMultiLink)(nil)
+	_ FrameVisitor     = (*AFXDPMultiLink)(nil)
+	_ IdleProber       = (*AFXDPMultiLink)(nil)
+	_ InterfaceChecker = (*AFXDPMultiLink)(nil)
 )
 
 // OpenAFXDPQueues opens one AF_XDP socket on each of the given queues of
@@ -258,17 +257,19 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 			if spins&255 == 255 && m.timer.expired() {
 				return 0, nil
 			}
+			if m.timer.spinLook() {
+				if err := m.links[0].CheckInterface(); err != nil && !errors.Is(err, net.ErrClosed) {
+					return 0, err
+				}
+			}
 			continue
 		}
-		tsp, ok := m.timer.pollTimeout()
+		tsp, ok := m.timer.pollSlice()
 		if !ok {
 			return 0, nil
 		}
-		if tsp == nil {
-			m.slice = unix.NsecToTimespec(int64(goneCheck))
-			tsp = &m.slice
-		}
 		ready, e := pollFds(m.pollFds, tsp)
+		m.timer.afterPoll()
 		if e != 0 && e != unix.EINTR {
 			return 0, &OpError{Op: "recv: poll", Interface: m.links[0].ifname, Err: e}
 		}
@@ -292,6 +293,15 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 			}
 		}
 	}
+}
+
+// CheckInterface implements InterfaceChecker (one socket tells for the
+// interface: markGone marks every queue).
+func (m *AFXDPMultiLink) CheckInterface() error {
+	if m.closed.Load() {
+		return m.links[0].closedErr("check interface")
+	}
+	return m.links[0].CheckInterface()
 }
 
 // RxFrames implements RxBudget: the receive frames of every queue.

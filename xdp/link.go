@@ -100,6 +100,18 @@ type WaitMeter interface {
 	Waited() (time.Duration, bool)
 }
 
+// InterfaceChecker is implemented by links that can lose their interface
+// (it is deleted, or moved to another network namespace): CheckInterface
+// asks the kernel (a syscall) and returns an error wrapping
+// ErrInterfaceGone once the interface is gone, nil while it is there. A
+// link's waits in the kernel ask by themselves after every wait that saw
+// nothing (at least every goneCheck); a caller that only polls (timeout
+// 0) asks now and then (msglayer's busy-polling driver, about once a
+// goneCheck). The AF_XDP and AF_PACKET links implement it.
+type InterfaceChecker interface {
+	CheckInterface() error
+}
+
 // IdleProber is implemented by links that can tell, without a syscall,
 // that a receive would find no frame: RxIdle reports true only if a Recv
 // or RecvVisit with timeout 0 would return none now (false: it may find
@@ -329,16 +341,18 @@ var (
 	// ErrInterfaceGone: the link's interface was deleted (or moved to
 	// another network namespace) while the link was open. The socket
 	// cannot reach it again: every later Send and Recv fails with it, a
-	// blocking Recv within about a second (goneCheck). Close the link and
-	// open a new one on the interface that replaced it.
+	// Recv waiting in the kernel within about a second (goneCheck), and
+	// a spinning one within milliseconds; a polling caller learns it from
+	// a send or from InterfaceChecker. Close the link and open a new one
+	// on the interface that replaced it.
 	ErrInterfaceGone = errors.New("interface gone")
 )
 
 // goneCheck bounds how long a Recv waiting in the kernel goes without
 // learning that its interface is gone: a socket whose device is gone is
 // never ready (AF_XDP), or is ready once and never again (AF_PACKET), so
-// a wait without a bound is cut into slices of goneCheck, and the link
-// asks the socket after each slice that ended without a frame.
+// a wait is cut into slices of at most goneCheck, and the link asks the
+// socket after each one that ended without a frame.
 const goneCheck = time.Second
 
 // OpError is an error from a link operation, naming the operation and the

@@ -105,6 +105,12 @@ type recvTimer struct {
 	// whether there was one since the last bounded spin.
 	full     time.Duration
 	measured bool
+	// slice is the timespec of the poll under way when it is a slice of
+	// the wait (pollSlice), sliced says it is.
+	slice  unix.Timespec
+	sliced bool
+	// spins counts a spinning wait's turns, for its looks at the socket.
+	spins uint32
 }
 
 // start begins a wait of at most timeout (< 0: no bound), spinning or
@@ -132,6 +138,40 @@ func (t *recvTimer) pollTimeout() (*unix.Timespec, bool) {
 		return nil, false
 	}
 	return &t.ts, true
+}
+
+// pollSlice is pollTimeout cut to goneCheck: the kernel never wakes a
+// wait on a socket whose interface is gone, so no poll lasts longer than
+// goneCheck, and the link asks the socket after one that saw nothing.
+// afterPoll charges the slice's time to the bound.
+func (t *recvTimer) pollSlice() (*unix.Timespec, bool) {
+	ts, ok := t.pollTimeout()
+	if !ok {
+		return nil, false
+	}
+	t.sliced = ts == nil || ts.Nano() > int64(goneCheck)
+	if !t.sliced {
+		return ts, true
+	}
+	t.slice = unix.NsecToTimespec(int64(goneCheck))
+	return &t.slice, true
+}
+
+// afterPoll takes the time a sliced poll spent from what the bound left
+// (ppoll wrote what was left of the slice into it).
+func (t *recvTimer) afterPoll() {
+	if t.sliced && t.timeout > 0 {
+		spent := int64(goneCheck) - max(t.slice.Nano(), 0)
+		t.ts = unix.NsecToTimespec(max(t.ts.Nano()-spent, 0))
+	}
+}
+
+// spinLook reports, every few ten thousand turns of a spinning wait
+// (milliseconds apart), that it is time to ask the socket whether its
+// interface went away: a spinning wait never sleeps in ppoll.
+func (t *recvTimer) spinLook() bool {
+	t.spins++
+	return t.spins&0xffff == 0
 }
 
 // waited returns how long the current or last bounded wait has waited,
