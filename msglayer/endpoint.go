@@ -662,6 +662,9 @@ func (e *Endpoint) Close() error {
 	// their time had come.
 	e.flushAcks(math.MaxInt64)
 	for _, p := range e.peers {
+		if p.connected && p.local == nil {
+			e.sayClosed(p) // after the acks: what it sent us arrived
+		}
 		p.failAll(Closed)
 	}
 	for r := e.match.firstRecv(); r != nil; r = e.match.firstRecv() {

@@ -740,3 +740,24 @@ func TestConnectMatchInfo(t *testing.T) {
 		t.Fatalf("WaitAny for the connect's match = %+v, %v", st, err)
 	}
 }
+
+// TestCloseTellsPeers: an endpoint that closes, the last of its engine,
+// tells its peers: a send waiting on it for a notify fails BadEndpoint
+// at once instead of at its give-up, when nobody would be left to answer
+// its keepalives.
+func TestCloseTellsPeers(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{}) // GiveUp 5 s
+	ctx := ctxFor(t, 10*time.Second)
+	s, err := a.Issend(b.Addr(), 1, [][]byte{make([]byte, 8)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the record arrives: no receive for it
+	b.Close()
+	start := time.Now()
+	st, _ := a.Wait(ctx, s)
+	if el := time.Since(start); st.Code != msglayer.BadEndpoint || el > time.Second {
+		t.Errorf("issend to an endpoint that closed: %v after %v; want BadEndpoint at once", st.Code, el)
+	}
+}

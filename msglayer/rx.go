@@ -102,6 +102,23 @@ func (e *Endpoint) awaitsReply(p *peer, h *header) bool {
 	return false
 }
 
+// sayClosed tells peer p, as we close, what our engine would tell it at
+// its next frame for us: no such endpoint (a nack naming the pair, as
+// onSessionNack wants it), so that what it has under way with us fails
+// at once rather than at its give-up, also when this is the engine's
+// last endpoint and nobody would be left to answer. A lost one leaves
+// it to the give-up.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) sayClosed(p *peer) {
+	g := e.eng
+	b := g.scratchBuf()
+	out := header{typ: tNack, dstEP: p.addr.EP, srcEP: e.id, dstSession: p.remoteID, srcSession: p.localID}
+	th := putHeader(b, &p.addr.MAC, &g.mac, g.ethType, &out)
+	putNack(th, 0, nackBadEndpoint, p.localID)
+	e.sendFrame(padded(b, tNack, 0))
+}
+
 // nackSession tells a sender that we do not know the connection its frame
 // names: we restarted or forgot it, or it never connected. p is our record
 // of the sender, if any.
