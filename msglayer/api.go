@@ -914,7 +914,11 @@ func (gr *Group) Test() (Status, bool) {
 
 // Wait waits for a request of the group to complete and completes it.
 // Once every endpoint of the group is closed and every request posted
-// into it has completed and been taken, it returns ErrClosed.
+// into it has completed and been taken, it returns ErrClosed with a zero
+// Status. A request that completed with Closed (its endpoint closed
+// under it) comes with an error that is ErrClosed too, and its Status
+// (Code Closed): a loop taking every completion ends at ErrClosed with
+// a Code other than Closed, not at the first ErrClosed.
 func (gr *Group) Wait(ctx context.Context) (Status, error) {
 	g := gr.eng
 	for {
