@@ -479,10 +479,11 @@ func acquireEngine(cfg *Config) (*engine, string, error) {
 		if g == nil {
 			break
 		}
-		if g.linkGone.Load() && g.refs > 0 {
+		if cfg.Link == nil && g.linkGone.Load() && g.refs > 0 {
 			// Its interface is gone: this one (of the same name) is a
 			// new interface, for a new engine. The old one leaves the
-			// map when its last endpoint closes, if still there.
+			// map when its last endpoint closes, if still there. (A
+			// given link that failed is the same link: joined.)
 			break
 		}
 		if g.refs > 0 {

@@ -112,8 +112,8 @@ type engine struct {
 	// in the kernel and a batch of frames handled leave it stale.
 	polledNow int64
 	nowPolls  int
-	// checkedAt is when a polling driver last asked the link whether its
-	// interface is there (checker; a link's sleeps ask by themselves).
+	// checkedAt is when (spinClock) a polling driver last asked the link
+	// whether its interface is there (a link's sleeps ask by themselves).
 	checkedAt int64
 	// sleptFrom is, during a driveOnce after prepareSleep, the clock
 	// prepareSleep read (0: none, or used). Frames that receive wakes up
@@ -724,7 +724,7 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 		if g.nowPolls <= 0 {
 			g.polledNow, g.nowPolls = g.clock.Now(), nowPolls
 			if err == nil {
-				err = g.checkInterface(g.polledNow)
+				err = g.checkInterface()
 			}
 		}
 	}
@@ -735,8 +735,13 @@ func (g *engine) driveOnce(timeout time.Duration, sleptFrom int64) (int, error) 
 // checkInterface asks the link, about once an interfaceCheck of a
 // driver that only polls (a sleeping link asks by itself), whether its
 // interface is still there.
-func (g *engine) checkInterface(now int64) error {
-	if g.checker == nil || now-g.checkedAt < int64(interfaceCheck) {
+func (g *engine) checkInterface() error {
+	if g.checker == nil {
+		return nil
+	}
+	// Real time: the link's is, whatever the engine's clock says.
+	now := g.spinClock()
+	if now-g.checkedAt < int64(interfaceCheck) {
 		return nil
 	}
 	g.checkedAt = now
@@ -1543,6 +1548,7 @@ func (g *engine) background() {
 	defer close(g.bgDone)
 	linger := time.NewTimer(lingerAPI)
 	defer linger.Stop()
+	pause := lingerAPI // after a failed drive: grows while the link fails
 	for {
 		select {
 		case <-g.bgStop:
@@ -1569,31 +1575,31 @@ func (g *engine) background() {
 			continue
 		}
 		g.bgDriving.Store(true)
-		pause := lingerAPI
-	drive:
+		failed := false
 		for g.wantDrive.Load() == 0 && !g.closed.Load() && !g.handlerPanicked.Load() {
 			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil {
-				if g.closed.Load() {
-					break
-				}
-				// A link that keeps failing (its interface gone,
-				// say) must not make this loop spin: pause, longer
-				// each time, up to an idle sleep (timers still run,
-				// in prepareSleep: a dead peer is given up).
-				linger.Reset(pause)
-				pause = min(2*pause, 250*time.Millisecond)
-				select {
-				case <-g.bgStop:
-					break drive
-				case <-linger.C:
-				}
-			} else {
-				pause = lingerAPI
+				failed = !g.closed.Load()
+				break
 			}
+			pause = lingerAPI
 		}
 		g.bgDriving.Store(false)
 		g.drive.release()
 		g.rethrow()
+		if failed {
+			// A link that keeps failing (its interface gone, say) must
+			// not make this loop spin: pause, longer each time, up to
+			// an idle sleep (timers still run, in prepareSleep: a dead
+			// peer is given up), and without the token, which an API
+			// call may take meanwhile to learn the link's error.
+			linger.Reset(pause)
+			pause = min(2*pause, 250*time.Millisecond)
+			select {
+			case <-g.bgStop:
+				return
+			case <-linger.C:
+			}
+		}
 	}
 }
 

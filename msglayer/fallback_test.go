@@ -165,3 +165,108 @@ func TestOpenAfterInterfaceGone(t *testing.T) {
 		})
 	}
 }
+
+// failLink is a link whose receives fail once fail is set.
+type failLink struct {
+	xdp.Link
+	fail atomic.Bool
+}
+
+var errLinkFails = errors.New("the link fails")
+
+func (f *failLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
+	if f.fail.Load() {
+		return 0, errLinkFails
+	}
+	return f.Link.Recv(bufs, sizes, timeout)
+}
+
+func (f *failLink) Wake() { f.Link.(xdp.Waker).Wake() }
+
+// TestFailingLinkBackoffFreesToken: the background goroutine, backing
+// off from a link that keeps failing (up to 250 ms), does so without the
+// drive token: a Wait learns the link's error at once.
+func TestFailingLinkBackoffFreesToken(t *testing.T) {
+	ml, _ := xdp.NewPair(xdp.MemConfig{})
+	defer ml.Close()
+	fl := &failLink{Link: ml}
+	e, err := msglayer.Open(msglayer.Config{Link: fl, EndpointID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	fl.fail.Store(true)
+	worst := time.Duration(0)
+	for range 4 {
+		time.Sleep(700 * time.Millisecond) // the backoff reaches 250 ms
+		r, err := e.Irecv(0, 0, [][]byte{make([]byte, 8)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		start := time.Now()
+		_, err = e.Wait(ctx, r)
+		worst = max(worst, time.Since(start))
+		cancel()
+		if !errors.Is(err, errLinkFails) {
+			t.Fatalf("Wait = %v, want the link's error", err)
+		}
+		e.Cancel(r)
+	}
+	if worst > 20*time.Millisecond {
+		t.Errorf("a Wait on a failing link took up to %v to learn the link's error", worst)
+	}
+}
+
+// TestGivenFailedLinkJoined: a given link whose interface went is the same
+// link still: an Open on it joins its engine (and refuses an endpoint id
+// open there), rather than put a second engine on the link.
+func TestGivenFailedLinkJoined(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h := lab.Hosts[0]
+	var l *xdp.AFPacketLink
+	if err := h.Do(func() (err error) {
+		l, err = xdp.OpenAFPacket(xdp.AFPacketConfig{Interface: h.Interface})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	old, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if out, err := h.Command("ip", "link", "del", h.Interface).CombinedOutput(); err != nil {
+		t.Fatalf("ip link del: %v: %s", err, out)
+	}
+	waitGone(t, old)
+	if again, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1}); err == nil {
+		again.Close()
+		t.Error("a second endpoint 1 opened on the given link endpoint 1 is open on")
+	}
+}
+
+// TestInterfaceGoneBusyPollManualClock: the busy-polling driver asks the
+// link after its interface in real time, whatever clock the engine has.
+func TestInterfaceGoneBusyPollManualClock(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	clk := &msglayer.ManualClock{}
+	e := labWorldOf(t, lab, "afxdp").open(t, 0, msglayer.Config{EndpointID: 1, BusyPoll: true, Clock: clk})
+	h := lab.Hosts[0]
+	r, err := e.Irecv(0, 0, [][]byte{make([]byte, 64)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	go func() { _, err := e.Wait(ctx, r); ended <- err }()
+	time.Sleep(50 * time.Millisecond)
+	if out, err := h.Command("ip", "link", "del", h.Interface).CombinedOutput(); err != nil {
+		t.Fatalf("ip link del: %v: %s", err, out)
+	}
+	if err := <-ended; !errors.Is(err, xdp.ErrInterfaceGone) {
+		t.Errorf("busy-polling Wait (manual clock) after the interface was deleted = %v; want xdp.ErrInterfaceGone", err)
+	}
+}

@@ -400,9 +400,12 @@ func (l *AFPacketLink) markGone(op string, errno unix.Errno) error {
 }
 
 // CheckInterface implements InterfaceChecker.
+//
+// It takes closeMu, which keeps fd open, not rxMu, which a waiting Recv
+// holds for its whole wait.
 func (l *AFPacketLink) CheckInterface() error {
-	l.rxMu.Lock()
-	defer l.rxMu.Unlock()
+	l.closeMu.Lock()
+	defer l.closeMu.Unlock()
 	switch {
 	case l.closed.Load():
 		return l.opErr("check interface", net.ErrClosed)
@@ -419,7 +422,7 @@ func (l *AFPacketLink) CheckInterface() error {
 // that saw nothing, whether its interface went away: the kernel unbinds a
 // packet socket from a device it unregisters (its index reads -1) and
 // leaves ENETDOWN as its error once, which wakes one wait and no later one.
-// The caller holds rxMu.
+// The caller holds rxMu or closeMu, which keep fd open.
 func (l *AFPacketLink) askGone() error {
 	// getsockname by hand: unix.Getsockname allocates, and a timed-out
 	// receive allocates nothing.

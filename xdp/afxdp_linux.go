@@ -618,8 +618,8 @@ func (l *AFXDPLink) askGone() error {
 }
 
 // soError reads and clears the socket's pending error (SO_ERROR), which
-// only the unbinding of its device sets. The caller holds rxMu or txMu,
-// which keep fd open.
+// only the unbinding of its device sets. The caller holds rxMu, txMu or
+// closeMu (shared), which keep fd open.
 func (l *AFXDPLink) soError() unix.Errno {
 	v, err := unix.GetsockoptInt(l.fd, unix.SOL_SOCKET, unix.SO_ERROR)
 	if err != nil {
@@ -644,8 +644,10 @@ func (l *AFXDPLink) CheckInterface() error {
 	if l.gone.Load() != 0 {
 		return l.goneErr("check interface")
 	}
-	l.rxMu.Lock()
-	defer l.rxMu.Unlock()
+	// closeMu, which keeps fd open, not rxMu, which a waiting Recv holds
+	// for its whole wait.
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
 		return l.closedErr("check interface")
 	}

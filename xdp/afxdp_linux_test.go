@@ -533,3 +533,23 @@ func TestAFXDPSlicedWaitKeepsItsBound(t *testing.T) {
 		t.Errorf("Waited = %v, %v; want %v", w, ok, bound)
 	}
 }
+
+// TestAFXDPCheckInterfaceBesideRecv: CheckInterface answers at once while
+// a Recv waits (it does not take the receive side's lock).
+func TestAFXDPCheckInterfaceBesideRecv(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		a.Recv([][]byte{make([]byte, 2048)}, []int{0}, time.Second)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	err := a.CheckInterface()
+	el := time.Since(start)
+	<-done
+	if err != nil || el > 100*time.Millisecond {
+		t.Errorf("CheckInterface beside a waiting Recv = %v after %v", err, el)
+	}
+}
