@@ -1007,20 +1007,20 @@ func (l *csTraceLink) Wake() {
 }
 
 // TestConnStressNackedConnectTakenAsStale is the shrunk failure of seed 2
-// made deterministic: a restarts; b, which still knows a's old self,
-// sends it a message and at once connects. a's new self refuses the
-// message (session nack) and takes the connect (b's next sequence number,
-// 1). The nack makes b reset its record (its numbers jump by 2^31) and
-// send the connect again with a new id, still addressed to a's old
-// session; a's new self answers that copy as "stale" without taking its
-// sequence number, and b, on the reply, believes a took it. b's frames
-// are then duplicates at a for ever.
+// made deterministic: a crashes and restarts (no goodbye reaches b); b,
+// which still knows a's old self, sends it a message and at once
+// connects. a's new self refuses the message (session nack) and takes
+// the connect (b's next sequence number, 1). The nack makes b reset its
+// record (its numbers jump by 2^31) and send the connect again with a new
+// id, still addressed to a's old session; a's new self answers that copy
+// as "stale" without taking its sequence number, and b, on the reply,
+// believes a took it. b's frames are then duplicates at a for ever.
 func TestConnStressNackedConnectTakenAsStale(t *testing.T) {
 	a, b, la, _ := connectedPair(t, Config{GiveUp: time.Second}, Config{GiveUp: time.Second})
 	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	a2 := restart(t, a, la)
+	a2 := crash(t, a, la)
 	s, err := b.Isend(a2.Addr(), 2, [][]byte{[]byte("to the old a")}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -1051,7 +1051,7 @@ func TestConnStressNackedConnectLosesMessage(t *testing.T) {
 	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	a2 := restart(t, a, la)
+	a2 := crash(t, a, la)
 	s, err := b.Isend(a2.Addr(), 2, [][]byte{[]byte("to the old a")}, nil)
 	if err != nil {
 		t.Fatal(err)

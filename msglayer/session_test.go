@@ -44,6 +44,17 @@ func restart(t *testing.T, b *Endpoint, lb *xdp.MemLink) *Endpoint {
 	return b2
 }
 
+// crash is restart without the old self's goodbye: b's link is cut off
+// while b closes, as if its process died, so its peers still hold the old
+// connection.
+func crash(t *testing.T, b *Endpoint, lb *xdp.MemLink) *Endpoint {
+	t.Helper()
+	lb.Partition(true)
+	b.Close()
+	lb.Partition(false)
+	return openT(t, Config{Link: lb, EndpointID: b.id, Key: b.cfg.Key})
+}
+
 // TestReconnectToRestartedPeer: a peer restarts, and the side that still
 // holds the old connection connects again, either at once or after a send
 // failed (ErrBadSession, or ErrBadEndpoint after the old self's goodbye). The connect told the new peer where our
