@@ -165,10 +165,10 @@ func (l *AFXDPLink) sendBuiltLocked(from, n int, b Builder, g Gatherer, m *AFXDP
 					bad = err
 					break
 				}
-				// A tail that would take the packet past the kernel's
-				// descriptors per packet (one starting near a frame's end
+				// A tail that would take the packet past the descriptors
+				// the kernel (or the driver) takes per packet (one starting near a frame's end
 				// takes one more) is copied too: the kernel would drop it.
-				if !l.gatherDsc || l.txDescs(size)+l.spanDescs(tail) > copyModeMaxDescs {
+				if !l.gatherDsc || l.txDescs(size)+l.spanDescs(tail) > l.maxDescs {
 					size += copy(buf[size:], tail.Buf.mem[tail.Off:tail.Off+tail.Len])
 					tail = Span{}
 				}

@@ -177,6 +177,14 @@ type AFXDPLink struct {
 	steerKey  steerKey
 	steer     *steerEntry
 
+	// zcSegs is the driver's xdp-zc-max-segs (0: unknown, or copy mode
+	// asked for), read before the bind; maxDescs is the most descriptors
+	// a sent packet may take in the mode bound (copyModeMaxDescs, or
+	// zcSegs in zero-copy mode). Set at open; maxDescs is read under
+	// txMu, where tests lower it.
+	zcSegs   int
+	maxDescs int
+
 	fd   int    // the AF_XDP socket
 	efd  int    // eventfd written by Close to wake blocked callers
 	wk   waker  // Wake's eventfd and flag
@@ -434,8 +442,15 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	l.initTxFree(cfg.NumFrames)
 	l.bufBase = uint64(cfg.NumFrames) * l.frameSize
 	l.bufOwner = make([]*Buffer, bufFrames)
+	if cfg.Bind != BindCopy {
+		l.zcSegs = driverZCMaxSegs(l.ifindex)
+	}
 	if err := l.bind(cfg.Bind); err != nil {
 		return nil, fail("bind AF_XDP socket to queue "+fmt.Sprint(cfg.Queue), err)
+	}
+	l.maxDescs = copyModeMaxDescs
+	if l.zeroCopy && l.zcSegs > 0 {
+		l.maxDescs = l.zcSegs
 	}
 	if l.sg {
 		l.rxScratch = make([]byte, 0, l.maxFrame)
@@ -504,7 +519,12 @@ func (l *AFXDPLink) bind(mode BindMode) error {
 	// zeroCopy binds in zero-copy mode, multi-buffer if the link must be,
 	// or else if gathered tails want it and the driver takes it.
 	zeroCopy := func() error {
-		if l.sgIfZC {
+		if l.sg {
+			if err := zeroCopyFits(l.zcSegs, l.txDescs(l.maxFrame), l.maxFrame); err != nil {
+				return err
+			}
+		}
+		if l.sgIfZC && l.zcSegs != 1 {
 			if err := try(unix.XDP_ZEROCOPY, true); err == nil {
 				l.sg = true
 				return nil

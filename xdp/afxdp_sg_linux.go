@@ -40,6 +40,28 @@ import (
 // bound every kernel honours.
 const copyModeMaxDescs = 18
 
+// zeroCopyFits refuses zero-copy multi-buffer mode when the driver takes
+// fewer buffers per frame (segs, its xdp-zc-max-segs; 0 when unknown) than
+// the link's largest frame of maxFrame bytes needs (descs): such frames
+// would be dropped as invalid. The error wraps EOPNOTSUPP, so that
+// BindAuto falls back to copy mode.
+func zeroCopyFits(segs, descs, maxFrame int) error {
+	if segs == 0 || descs <= segs {
+		return nil
+	}
+	return fmt.Errorf("the driver takes %d buffers per frame in zero-copy mode, a %d-byte frame needs %d: %w",
+		segs, maxFrame, descs, unix.EOPNOTSUPP)
+}
+
+// driverZCMaxSegs is the xdp-zc-max-segs of the device at ifindex in the
+// calling thread's namespace: the most buffers of one frame a zero-copy
+// socket may use. 0 when the kernel does not tell (before Linux 6.3, where
+// multi-buffer AF_XDP does not exist either).
+func driverZCMaxSegs(ifindex int) int {
+	feats, _ := xdpFeatures()
+	return feats[ifindex].zcMaxSegs
+}
+
 // multiBufferNeeded decides whether a link on an interface with this MTU
 // runs in multi-buffer mode (force asks for it even when not needed) and
 // checks that the UMEM can carry the largest frame: its descriptors must fit

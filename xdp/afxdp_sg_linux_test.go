@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/xmx-stack/xmx/internal/netlab"
 	"github.com/xmx-stack/xmx/xdp"
 	"github.com/xmx-stack/xmx/xdp/linktest"
@@ -468,5 +470,74 @@ func TestAFXDPGatherDescriptorLimit(t *testing.T) {
 	}
 	if s := a.Stats(); s.TxInvalidDescs != 0 {
 		t.Errorf("sender's invalid descriptors: %d", s.TxInvalidDescs)
+	}
+}
+
+// TestAFXDPGatherDriverSegLimit checks that gathered frames keep to the
+// descriptors per packet the link may use (in zero-copy mode the driver's
+// xdp-zc-max-segs, here lowered to 3 on a copy-mode link): a tail that
+// would take the packet past it is copied behind the head, the others stay
+// descriptors of their own, and every frame arrives whole.
+func TestAFXDPGatherDriverSegLimit(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, MTU: jumboMTU})
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{BufferBytes: 64 << 10, Gather: xdp.GatherDescriptors})
+	b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{})
+	a.SetMaxDescsForTest(3)
+	buf, err := a.AllocBuffer(32 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	for i := range buf.Bytes() {
+		buf.Bytes()[i] = byte(i * 7)
+	}
+	head := make([]byte, 60)
+	copy(head, b.HardwareAddr())
+	copy(head[6:], a.HardwareAddr())
+	head[12], head[13] = 0x88, 0xb5
+	_, from := a.TxPacketDescsForTest(0)
+	rbuf, sizes := [][]byte{make([]byte, xdp.MaxFrameLen(b))}, []int{0}
+	for _, c := range []struct {
+		off, n, descs int
+	}{
+		{0, 4096, 2},    // head, one frame of tail
+		{100, 4096, 3},  // head, a tail across a frame boundary
+		{4095, 8000, 2}, // head and three frames of tail: copied, two frames
+		{0, 0, 1},       // no tail
+	} {
+		tail := xdp.Span{Buf: buf, Off: c.off, Len: c.n}
+		if c.n == 0 {
+			tail = xdp.Span{}
+		}
+		if sent, err := a.SendGather(1, &spanSender{head: head, tail: tail}); sent != 1 || err != nil {
+			t.Fatalf("tail %d+%d: SendGather = %d, %v", c.off, c.n, sent, err)
+		}
+		var packets []int
+		packets, from = a.TxPacketDescsForTest(from)
+		if len(packets) != 1 || packets[0] != c.descs {
+			t.Errorf("tail %d+%d: packets of %v descriptors, want one of %d", c.off, c.n, packets, c.descs)
+		}
+		want := append(slices.Clip(head), buf.Bytes()[c.off:c.off+c.n]...)
+		k, err := b.Recv(rbuf, sizes, 2*time.Second)
+		if err != nil || k != 1 {
+			t.Fatalf("tail %d+%d: Recv = %d, %v", c.off, c.n, k, err)
+		}
+		if !bytes.Equal(rbuf[0][:sizes[0]], want) {
+			t.Fatalf("tail %d+%d: %d bytes arrived, not the %d sent", c.off, c.n, sizes[0], len(want))
+		}
+	}
+}
+
+// TestZeroCopyFits checks when zero-copy multi-buffer mode is refused for
+// the driver's limit, and that the refusal lets BindAuto fall back.
+func TestZeroCopyFits(t *testing.T) {
+	for _, c := range []struct {
+		segs, descs int
+		ok          bool
+	}{{0, 3, true}, {3, 3, true}, {17, 3, true}, {1, 3, false}, {2, 3, false}} {
+		err := xdp.ZeroCopyFitsForTest(c.segs, c.descs, 9014)
+		if (err == nil) != c.ok || err != nil && !errors.Is(err, unix.EOPNOTSUPP) {
+			t.Errorf("segs %d, descs %d: %v", c.segs, c.descs, err)
+		}
 	}
 }
