@@ -85,8 +85,13 @@ func (l *AFXDPLink) releaseBuffer(b *Buffer) {
 func (l *AFXDPLink) BufferSent(b *Buffer) bool {
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
-	if b == nil || b.owner != bufferOwner(l) || l.closed.Load() {
+	if b == nil || b.owner != bufferOwner(l) {
 		return true
+	}
+	if l.closed.Load() {
+		// Until Close has closed the socket, descriptors handed to the
+		// kernel may still be read (the rings are no longer ours to reap).
+		return l.shut.Load()
 	}
 	if !l.txMu.TryLock() {
 		return false // a send is under way: it reaps, and we ask again

@@ -36,3 +36,6 @@ func (l *AFXDPLink) TxPacketDescsForTest(from uint32) (packets []int, to uint32)
 }
 
 var ZeroCopyFitsForTest = zeroCopyFits
+
+// ClosingForTest reports whether Close has begun.
+func (l *AFXDPLink) ClosingForTest() bool { return l.closed.Load() }

@@ -191,6 +191,7 @@ type AFXDPLink struct {
 	umem []byte // the UMEM mapping
 
 	closed atomic.Bool
+	shut   atomic.Bool // Close has closed the socket: the kernel holds no descriptor
 	// closeMu is held shared by the calls other than Send and Recv and
 	// their in-place forms that use fd or wk (Wake, Stats) or lend the
 	// UMEM (AllocBuffer), and exclusively by Close, once, before it
@@ -1311,6 +1312,7 @@ func (l *AFXDPLink) Close() error {
 	l.umemKept = kept
 	l.txMu.Unlock()
 	note("close socket", unix.Close(l.fd))
+	l.shut.Store(true)
 	if !kept {
 		note("unmap UMEM", unix.Munmap(l.umem))
 	}

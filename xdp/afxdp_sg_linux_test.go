@@ -541,3 +541,65 @@ func TestZeroCopyFits(t *testing.T) {
 		}
 	}
 }
+
+// closeInVisit closes the link from inside a visit, where Close waits for
+// the receive lock, and records BufferSent of buf while it waits.
+type closeInVisit struct {
+	l      *xdp.AFXDPLink
+	buf    *xdp.Buffer
+	closed chan error
+	during bool
+}
+
+func (v *closeInVisit) Visit([]byte) {
+	if v.closed != nil {
+		return
+	}
+	v.closed = make(chan error, 1)
+	go func() { v.closed <- v.l.Close() }()
+	for !v.l.ClosingForTest() {
+		time.Sleep(time.Millisecond)
+	}
+	v.during = v.l.BufferSent(v.buf)
+}
+
+// TestAFXDPBufferSentDuringClose: while Close is under way the kernel may
+// still hold descriptors into a lent buffer, so BufferSent says false; once
+// Close has returned it says true. It used to say true from the moment
+// Close began.
+func TestAFXDPBufferSentDuringClose(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	a := openAFXDP(t, lab.Hosts[0], xdp.AFXDPConfig{BufferBytes: 16 << 10, Gather: xdp.GatherDescriptors})
+	b := openAFXDP(t, lab.Hosts[1], xdp.AFXDPConfig{})
+	buf, err := a.AllocBuffer(8 << 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer buf.Free()
+	head := make([]byte, 60)
+	copy(head, b.HardwareAddr())
+	copy(head[6:], a.HardwareAddr())
+	head[12], head[13] = 0x88, 0xb5
+	if n, err := a.SendGather(1, &spanSender{head: head, tail: xdp.Span{Buf: buf, Len: 1000}}); n != 1 || err != nil {
+		t.Fatalf("SendGather = %d, %v", n, err)
+	}
+	back := slices.Clone(head)
+	copy(back, a.HardwareAddr())
+	copy(back[6:], b.HardwareAddr())
+	if _, err := b.Send([][]byte{back}); err != nil {
+		t.Fatal(err)
+	}
+	v := &closeInVisit{l: a, buf: buf}
+	if n, err := a.RecvVisit(1, 2*time.Second, v); n != 1 || err != nil {
+		t.Fatalf("RecvVisit = %d, %v", n, err)
+	}
+	if err := <-v.closed; err != nil {
+		t.Fatal(err)
+	}
+	if v.during {
+		t.Error("BufferSent while Close waited: true")
+	}
+	if !a.BufferSent(buf) {
+		t.Error("BufferSent after Close: false")
+	}
+}

@@ -36,8 +36,9 @@ type BufferLink interface {
 	// any more, so writing into it changes no frame sent before. It
 	// reaps the completions the kernel posted and kicks frames a refused
 	// kick left queued, so that calling it again makes progress without
-	// another send. It does not wait for a send under way: it says false
-	// then. A closed link, and a buffer it did not lend, are done.
+	// another send. It does not wait for a send under way, or for a Close
+	// under way: it says false then. A closed link, and a buffer it did
+	// not lend, are done.
 	BufferSent(b *Buffer) bool
 }
 
