@@ -201,7 +201,7 @@ func TestRecvPool(t *testing.T) {
 	}
 }
 
-// TestWatchEndsForgottenSession: a server that restarts (same address, a
+// TestWatchEndsForgottenSession: a server that dies and restarts (same address, a
 // new session) refuses the client's next ping: the measurement ends at
 // once, saying the server forgot the session, rather than after -timeout
 // blaming a stopped server.
@@ -233,7 +233,11 @@ func TestWatchEndsForgottenSession(t *testing.T) {
 	if _, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false); err != nil {
 		t.Fatal(err)
 	}
+	// The server dies: no goodbye reaches the client, which still holds
+	// the old session.
+	l1.Partition(true)
 	srv.Close()
+	l1.Partition(false)
 	srv2 := open(l1, 2) // the restarted server
 	go serve(srv2, 64<<10, defaultMaxRecvBytes, false, io.Discard)
 	start := time.Now()
