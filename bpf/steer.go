@@ -56,25 +56,41 @@ type LoadOptions struct {
 }
 
 // CheckEtherType reports why et cannot be the stack's EtherType: frames of
-// it are steered away from the kernel, which must keep ARP, IP and VLANs,
-// and a value below 0x0600 is an 802.3 length, not a type.
+// it are steered away from the kernel, which must keep ARP, IP, VLANs and
+// the link-layer protocols the kernel or common daemons speak (MPLS, PPPoE,
+// MACsec, LLDP, 802.1X, PTP), and a value below 0x0600 is an 802.3 length,
+// not a type. The local experimental values 0x88B5 (the default) and 0x88B6
+// are the safe choices.
 func CheckEtherType(et uint16) error {
 	var what string
-	switch {
-	case et < 0x0600:
-		what = "an 802.3 length field, not an EtherType (want 0x0600 or above)"
-	case et == 0x0800:
+	switch et {
+	case 0x0800:
 		what = "IPv4"
-	case et == 0x0806:
+	case 0x0806:
 		what = "ARP"
-	case et == 0x8035:
+	case 0x8035:
 		what = "RARP"
-	case et == 0x86DD:
+	case 0x86DD:
 		what = "IPv6"
-	case et == 0x8100 || et == 0x88A8 || et == 0x9100:
+	case 0x8100, 0x88A8, 0x9100:
 		what = "a VLAN tag"
+	case 0x8847, 0x8848:
+		what = "MPLS"
+	case 0x8863, 0x8864:
+		what = "PPPoE"
+	case 0x88E5:
+		what = "MACsec"
+	case 0x88CC:
+		what = "LLDP"
+	case 0x888E:
+		what = "EAPOL (802.1X)"
+	case 0x88F7:
+		what = "PTP"
 	default:
-		return nil
+		if et >= 0x0600 {
+			return nil
+		}
+		return fmt.Errorf("EtherType %#04x is an 802.3 length field, not an EtherType (want 0x0600 or above)", et)
 	}
 	return fmt.Errorf("EtherType %#04x is %s: the kernel must keep those frames", et, what)
 }
@@ -228,10 +244,11 @@ var ErrClosed = errors.New("steering closed")
 
 // Register makes the AF_XDP socket fd the destination of steered frames
 // received on RX queue queue (XSKMAP[queue] = fd), replacing any socket
-// registered before. The map keeps its own reference to the socket, so fd
-// may be closed afterwards without unregistering it. The socket should be
-// bound to the same interface and queue, or the kernel drops the frames.
-// Safe for concurrent use.
+// registered before. The map does not hold the socket open: closing the
+// socket's last fd takes it out of the map (the kernel does so when it
+// releases the socket), and frames of that queue then go to the kernel.
+// The socket should be bound to the same interface and queue, or the kernel
+// drops the frames. Safe for concurrent use.
 func (s *Steering) Register(queue int, fd int) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -342,8 +359,9 @@ func (s *Steering) Program() *ebpf.Program {
 }
 
 // Close detaches the program (closes the bpf_link) and releases the program
-// and its maps; registered sockets are released by the kernel with the map.
-// It is idempotent: calls after the first return nil.
+// and its maps. Registered sockets stay open: the map never held them, and
+// each is its owner's to close. It is idempotent: calls after the first
+// return nil.
 func (s *Steering) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()

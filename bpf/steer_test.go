@@ -846,11 +846,13 @@ func TestRedirectToSocket(t *testing.T) {
 	})
 }
 
-// TestEtherTypeRefused: EtherTypes the kernel needs (ARP, IP, VLAN tags)
-// and 802.3 lengths are refused, naming the value in hex; Load refuses them
-// before loading anything.
+// TestEtherTypeRefused: EtherTypes the kernel or its daemons need (ARP,
+// IP, VLAN tags, MPLS, PPPoE, MACsec, LLDP, EAPOL, PTP) and 802.3 lengths
+// are refused, naming the value in hex; Load refuses them before loading
+// anything.
 func TestEtherTypeRefused(t *testing.T) {
-	for _, et := range []uint16{0x0040, 0x05ff, 0x0800, 0x0806, 0x8035, 0x86dd, 0x8100, 0x88a8, 0x9100} {
+	for _, et := range []uint16{0x0040, 0x05ff, 0x0800, 0x0806, 0x8035, 0x86dd, 0x8100, 0x88a8, 0x9100,
+		0x8847, 0x8848, 0x8863, 0x8864, 0x88e5, 0x88cc, 0x888e, 0x88f7} {
 		err := CheckEtherType(et)
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%#04x", et)) {
 			t.Errorf("CheckEtherType(%#04x) = %v, want an error naming it", et, err)
