@@ -453,6 +453,11 @@ func (l *AFPacketLink) Send(frames [][]byte) (int, error) {
 	maxLen := l.mtu + EthHeaderLen
 	sent := 0
 	for sent < len(frames) {
+		if sent > 0 && l.closed.Load() {
+			// Close waits for txMu: stop at a batch's end rather than
+			// send the rest of a long call first.
+			return sent, l.opErr("send", net.ErrClosed)
+		}
 		k := 0
 		var bad error
 		for k < l.batch && sent+k < len(frames) {
@@ -532,6 +537,9 @@ func (l *AFPacketLink) sendTailsLocked(n int, t Tailer) (int, error) {
 	defer func() { l.dropTails(k) }()
 	sent := 0
 	for sent < n {
+		if sent > 0 && l.closed.Load() {
+			return sent, l.opErr("send", net.ErrClosed) // as in Send
+		}
 		var bad error
 		for k < l.batch && sent+k < n {
 			buf := l.txBuild[k*maxLen : (k+1)*maxLen : (k+1)*maxLen]

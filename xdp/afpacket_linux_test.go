@@ -905,6 +905,54 @@ func TestAFPacketInterfaceGoneWaits(t *testing.T) {
 	}
 }
 
+// closeAtFirst builds frames for SendBuilt and SendTails; building the
+// first, it starts Close on its link and waits until Close has begun (it
+// then waits for the send to end).
+type closeAtFirst struct {
+	l        *AFPacketLink
+	dst, src net.HardwareAddr
+	closed   chan error
+}
+
+func (c *closeAtFirst) Build(i int, buf []byte) int {
+	if i == 0 {
+		go func() { c.closed <- c.l.Close() }()
+		for !c.l.closed.Load() {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return len(pktFrame(buf, c.dst, c.src, DefaultEtherType, uint32(i), 100))
+}
+
+func (c *closeAtFirst) Tail(i int, head []byte) (int, []byte) { return c.Build(i, head), nil }
+
+// TestAFPacketSendStopsAtClose: a long SendBuilt or SendTails that Close
+// begins under stops at the end of the batch it was building, rather than
+// send every frame first while Close waits.
+func TestAFPacketSendStopsAtClose(t *testing.T) {
+	lab := newPktLab(t)
+	const batch, n = 8, 200
+	for _, how := range []string{"SendBuilt", "SendTails"} {
+		t.Run(how, func(t *testing.T) {
+			a, b := lab.pair(t, AFPacketConfig{Batch: batch}, AFPacketConfig{})
+			c := &closeAtFirst{l: a, dst: b.HardwareAddr(), src: a.HardwareAddr(), closed: make(chan error, 1)}
+			var sent int
+			var err error
+			if how == "SendBuilt" {
+				sent, err = a.SendBuilt(n, c)
+			} else {
+				sent, err = a.SendTails(n, c)
+			}
+			if sent != batch || !errors.Is(err, net.ErrClosed) {
+				t.Errorf("%s of %d frames, Close begun at the first: %d, %v; want %d (one batch), net.ErrClosed", how, n, sent, err, batch)
+			}
+			if err := <-c.closed; err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+	}
+}
+
 // TestAFPacketConcurrentClose closes links while goroutines send and
 // receive on them: every call ends with net.ErrClosed, nothing races.
 func TestAFPacketConcurrentClose(t *testing.T) {
