@@ -227,7 +227,7 @@ func OpenAFPacket(cfg AFPacketConfig) (*AFPacketLink, error) {
 	if err := drainSocket(fd); err != nil {
 		return fail("drain", err)
 	}
-	filter := etherTypeFilter(et)
+	filter := etherTypeFilter(ifi.Index, et)
 	if err := attachFilter(fd, filter[:]); err != nil {
 		return fail("attach filter", err)
 	}
@@ -313,26 +313,37 @@ var dropAllFilter = [...]unix.SockFilter{
 	{Code: unix.BPF_RET | unix.BPF_K, K: 0},
 }
 
-// Classic BPF ancillary load of the packet type (linux/filter.h:
-// SKF_AD_OFF + SKF_AD_PKTTYPE).
-const skfAdPktType = 0xfffff000 + 4
+// Classic BPF ancillary loads (linux/filter.h: SKF_AD_OFF + SKF_AD_*): the
+// packet type, and the index of the device the frame is for.
+const (
+	skfAdPktType = 0xfffff000 + 4
+	skfAdIfindex = 0xfffff000 + 8
+)
 
-// etherTypeFilter returns the classic BPF program accepting the frames of
-// EtherType et whole and dropping the others, and those the kernel marked
-// as for another host: frames to another MAC on a promiscuous interface,
-// and frames tagged with a VLAN the host is not on (the kernel strips the
-// tag before the socket sees the frame, leaving the inner EtherType at
-// offset 12, and marks the frame so; AF_XDP's steering program, which
-// sees the tag, passes them to the kernel):
+// etherTypeFilter returns the classic BPF program of a socket bound to
+// interface ifindex: it accepts the frames of EtherType et whole and drops
+// the others, and those that are not for the interface itself:
+//   - frames the kernel already handed to a device stacked on it (a
+//     macvlan, a VLAN the host is on: the frame's device is then the upper
+//     one, while the kernel still shows it to sockets bound to the lower);
+//   - frames the kernel marked as for another host: to another MAC on a
+//     promiscuous interface, or tagged with a VLAN the host is not on (the
+//     kernel strips the tag before the socket sees the frame, leaving the
+//     inner EtherType at offset 12, and marks the frame so; AF_XDP's
+//     steering program, which sees the tag, passes them to the kernel).
 //
+//	ld ifidx
+//	jeq #ifindex, jt 0, jf 5
 //	ldh [12]
 //	jeq #et, jt 0, jf 3
 //	ld pkttype
 //	jeq #PACKET_OTHERHOST, jt 1, jf 0
 //	ret #262144
 //	ret #0
-func etherTypeFilter(et uint16) [6]unix.SockFilter {
-	return [6]unix.SockFilter{
+func etherTypeFilter(ifindex int, et uint16) [8]unix.SockFilter {
+	return [8]unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: skfAdIfindex},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 5, K: uint32(ifindex)},
 		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 12},
 		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 3, K: uint32(et)},
 		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: skfAdPktType},

@@ -304,8 +304,8 @@ func TestAFPacketInfo(t *testing.T) {
 		// optlen 0, SO_GET_FILTER stores the program length in optlen.
 		var optlen uint32
 		if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(c.l.fd), unix.SOL_SOCKET,
-			unix.SO_GET_FILTER, 0, uintptr(unsafe.Pointer(&optlen)), 0); e != 0 || optlen != uint32(len(etherTypeFilter(0))) {
-			t.Errorf("SO_GET_FILTER: %v, %d instructions, want %d", e, optlen, len(etherTypeFilter(0)))
+			unix.SO_GET_FILTER, 0, uintptr(unsafe.Pointer(&optlen)), 0); e != 0 || optlen != uint32(len(etherTypeFilter(0, 0))) {
+			t.Errorf("SO_GET_FILTER: %v, %d instructions, want %d", e, optlen, len(etherTypeFilter(0, 0)))
 		}
 	}
 	if bytes.Equal(a.HardwareAddr(), b.HardwareAddr()) {
@@ -845,6 +845,59 @@ func TestAFPacketDropsOtherVLAN(t *testing.T) {
 			t.Logf("received %d bytes: % x", len(f), f[:min(len(f), 32)])
 		}
 		t.Fatalf("received %d frames, want the untagged one only", len(got))
+	}
+}
+
+// TestAFPacketDropsStackedDeviceFrames: frames for a macvlan stacked on
+// the link's interface, which the kernel delivers to that macvlan, reach
+// neither the link nor its counters; frames for the interface do.
+func TestAFPacketDropsStackedDeviceFrames(t *testing.T) {
+	lab := newPktLab(t)
+	mvMAC := net.HardwareAddr{0x02, 0x78, 0x6d, 0xee, 0, 0x01}
+	for _, s := range [][]string{
+		{"-n", lab.nsB, "link", "add", "link", "eth0", "name", "mv0", "address", mvMAC.String(), "type", "macvlan", "mode", "bridge"},
+		{"-n", lab.nsB, "link", "set", "mv0", "up"},
+	} {
+		if err := pktIP(s...); err != nil {
+			t.Skipf("no macvlan here: %v", err)
+		}
+	}
+	_, b := lab.pair(t, AFPacketConfig{}, AFPacketConfig{})
+	raw := lab.rawSocket(t, lab.nsA, "eth0")
+	src := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x99}
+	var want [][]byte
+	for i := range 20 {
+		dst := mvMAC
+		if i%5 == 0 {
+			dst = b.HardwareAddr()
+		}
+		f := pktFrame(make([]byte, 80), dst, src, DefaultEtherType, uint32(i), 80)
+		if i%5 == 0 {
+			want = append(want, f)
+		}
+		if err := raw(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bufs, sizes := pktBufs(8, 2048)
+	var got [][]byte
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+		n, err := b.Recv(bufs, sizes, 50*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			got = append(got, bytes.Clone(bufs[i][:sizes[i]]))
+		}
+	}
+	if !slices.EqualFunc(got, want, bytes.Equal) {
+		for _, f := range got {
+			t.Logf("received %d bytes to %v", len(f), net.HardwareAddr(f[:6]))
+		}
+		t.Fatalf("received %d frames, want the %d to eth0's MAC only", len(got), len(want))
+	}
+	if st := b.Stats(); st.RxFrames != uint64(len(want)) {
+		t.Errorf("Stats.RxFrames = %d, want %d: the macvlan's frames were counted", st.RxFrames, len(want))
 	}
 }
 
