@@ -322,15 +322,15 @@ const (
 
 // etherTypeFilter returns the classic BPF program of a socket bound to
 // interface ifindex: it accepts the frames of EtherType et whole and drops
-// the others, and those that are not for the interface itself:
-//   - frames the kernel already handed to a device stacked on it (a
-//     macvlan, a VLAN the host is on: the frame's device is then the upper
-//     one, while the kernel still shows it to sockets bound to the lower);
-//   - frames the kernel marked as for another host: to another MAC on a
-//     promiscuous interface, or tagged with a VLAN the host is not on (the
-//     kernel strips the tag before the socket sees the frame, leaving the
-//     inner EtherType at offset 12, and marks the frame so; AF_XDP's
-//     steering program, which sees the tag, passes them to the kernel).
+// the others, and those that are not for the interface itself. Those are
+// frames the kernel already handed to a device stacked on it (a macvlan, a
+// VLAN the host is on: the frame's device is then the upper one, while the
+// kernel still shows it to sockets bound to the lower), and frames the
+// kernel marked as for another host: to another MAC on a promiscuous
+// interface, or tagged with a VLAN the host is not on (the kernel strips
+// the tag before the socket sees the frame, leaving the inner EtherType at
+// offset 12, and marks the frame so; AF_XDP's steering program, which sees
+// the tag, passes them to the kernel):
 //
 //	ld ifidx
 //	jeq #ifindex, jt 0, jf 5
