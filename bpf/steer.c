@@ -6,9 +6,12 @@
 //
 // Frames whose outer EtherType equals the load-time constant `ethertype` are
 // redirected to the AF_XDP socket registered for the receiving RX queue in the
-// XSKMAP `xsks`. Every other frame (ARP, IPv4, IPv6, VLAN-tagged, runts, ...)
-// is handed to the kernel stack unchanged with XDP_PASS, so that ordinary
-// networking on the interface keeps working.
+// XSKMAP `xsks`, if they are for this interface: broadcast and multicast, or
+// unicast to the load-time `ifmac` (when `match_mac` is set). Every other
+// frame (ARP, IPv4, IPv6, VLAN-tagged, runts, unicast to another MAC, ...) is
+// handed to the kernel stack unchanged with XDP_PASS, so that ordinary
+// networking on the interface, and devices stacked on it (a macvlan), keep
+// working.
 //
 // Two entry points share the same maps and logic:
 //   xmx_steer        SEC("xdp")        for ordinary single-buffer sockets;
@@ -33,8 +36,12 @@ enum xmx_stat {
 	XMX_STAT_RUNT = 2,
 	// Frame of the stack's EtherType but no socket on its queue.
 	XMX_STAT_NO_SOCKET = 3,
+	// Frame of the stack's EtherType unicast to another MAC (a macvlan
+	// stacked on the interface, another host on a promiscuous one),
+	// passed to the kernel.
+	XMX_STAT_OTHER_HOST = 4,
 	// Number of counters; not a counter itself.
-	XMX_STAT_MAX = 4,
+	XMX_STAT_MAX = 5,
 };
 
 // Number of XSKMAP slots, i.e. the highest RX queue index served plus one.
@@ -44,6 +51,11 @@ enum xmx_stat {
 // the program is loaded (it lives in .rodata, so the verifier sees it as a
 // constant); the program converts it to network byte order itself.
 volatile const __u16 ethertype = 0x88B5;
+
+// The interface's MAC, set by the loader like `ethertype`: with `match_mac`
+// set, unicast frames of the EtherType to another MAC go to the kernel.
+volatile const __u8 ifmac[ETH_ALEN] = {};
+volatile const __u8 match_mac = 0;
 
 // Never read by the program: it only makes clang emit enum xmx_stat into BTF
 // so that bpf2go generates the matching Go constants. It
@@ -77,6 +89,16 @@ static __always_inline void count(__u32 idx)
 		*v += 1;
 }
 
+static __always_inline int is_ifmac(const __u8 *mac)
+{
+	// Compare byte by byte: the header need not be 4-byte aligned, and
+	// clang unrolls this into six loads and compares.
+	for (int i = 0; i < ETH_ALEN; i++)
+		if (mac[i] != ifmac[i])
+			return 0;
+	return 1;
+}
+
 static __always_inline int steer(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
@@ -93,6 +115,13 @@ static __always_inline int steer(struct xdp_md *ctx)
 
 	if (eth->h_proto != bpf_htons(ethertype)) {
 		count(XMX_STAT_PASSED);
+		return XDP_PASS;
+	}
+
+	// The group bit of the first octet marks broadcast and multicast,
+	// which every endpoint may need (the host query); unicast must be ours.
+	if (match_mac && !(eth->h_dest[0] & 1) && !is_ifmac(eth->h_dest)) {
+		count(XMX_STAT_OTHER_HOST);
 		return XDP_PASS;
 	}
 

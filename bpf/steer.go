@@ -53,6 +53,13 @@ type LoadOptions struct {
 	// SEC("xdp.frags")), needed for jumbo frames and AF_XDP sockets bound
 	// with XDP_USE_SG. It requires Linux 5.18 or later.
 	Frags bool
+	// HardwareAddr is the MAC of the interface the program will serve.
+	// When it is not all zeros, unicast frames of the EtherType to another
+	// MAC (those of a macvlan stacked on the interface, or of other hosts
+	// on a promiscuous one) are passed to the kernel and counted in
+	// Stats.OtherHost; broadcast and multicast frames are steered whatever
+	// their destination. All zeros steers every frame of the EtherType.
+	HardwareAddr [6]byte
 }
 
 // CheckEtherType reports why et cannot be the stack's EtherType: frames of
@@ -116,12 +123,16 @@ func Load(opts LoadOptions) (*Steering, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bpf: load steering spec: %w", err)
 	}
-	v, ok := spec.Variables[steerVarEthertype]
-	if !ok {
-		return nil, fmt.Errorf("bpf: load steering: variable %q missing from object", steerVarEthertype)
+	if err := setVar(spec, steerVarEthertype, et); err != nil {
+		return nil, err
 	}
-	if err := v.Set(et); err != nil {
-		return nil, fmt.Errorf("bpf: load steering: set ethertype %#04x: %w", et, err)
+	if opts.HardwareAddr != [6]byte{} {
+		if err := setVar(spec, steerVarIfmac, opts.HardwareAddr); err != nil {
+			return nil, err
+		}
+		if err := setVar(spec, steerVarMatchMac, uint8(1)); err != nil {
+			return nil, err
+		}
 	}
 	// Load only the requested program so that a kernel without xdp.frags
 	// support can still load the plain one.
@@ -150,6 +161,18 @@ func Load(opts LoadOptions) (*Steering, error) {
 		return nil, fmt.Errorf("bpf: load steering program %s: object lacks a program or map", progName)
 	}
 	return s, nil
+}
+
+// setVar sets the load-time constant name of spec to value.
+func setVar(spec *ebpf.CollectionSpec, name string, value any) error {
+	v, ok := spec.Variables[name]
+	if !ok {
+		return fmt.Errorf("bpf: load steering: variable %q missing from object", name)
+	}
+	if err := v.Set(value); err != nil {
+		return fmt.Errorf("bpf: load steering: set %s to %v: %w", name, value, err)
+	}
+	return nil
 }
 
 // AttachMode selects how Attach hooks the program into an interface.
@@ -311,6 +334,9 @@ type Stats struct {
 	// NoSocket counts frames of the stack's EtherType received on a queue
 	// with no registered socket; they are passed to the kernel.
 	NoSocket uint64
+	// OtherHost counts unicast frames of the stack's EtherType to a MAC
+	// other than LoadOptions.HardwareAddr; they are passed to the kernel.
+	OtherHost uint64
 }
 
 // Stats reads and sums the per-CPU counters. Safe for concurrent use; the
@@ -330,6 +356,7 @@ func (s *Steering) Stats() (Stats, error) {
 		{steerXmxStatXMX_STAT_PASSED, &st.Passed},
 		{steerXmxStatXMX_STAT_RUNT, &st.Runt},
 		{steerXmxStatXMX_STAT_NO_SOCKET, &st.NoSocket},
+		{steerXmxStatXMX_STAT_OTHER_HOST, &st.OtherHost},
 	} {
 		var perCPU []uint64 // one value per possible CPU
 		if err := s.stats.Lookup(uint32(c.idx), &perCPU); err != nil {
@@ -344,7 +371,7 @@ func (s *Steering) Stats() (Stats, error) {
 
 // Compile-time check that Stats covers every counter of steer.c: this fails
 // to build when enum xmx_stat gains or loses a counter.
-var _ = [1]struct{}{}[steerXmxStatXMX_STAT_MAX-4]
+var _ = [1]struct{}{}[steerXmxStatXMX_STAT_MAX-5]
 
 // Program returns the loaded XDP program, e.g. to run it with
 // BPF_PROG_TEST_RUN or to attach it by other means. It stays owned by the

@@ -19,7 +19,8 @@ const (
 	steerXmxStatXMX_STAT_PASSED     steerXmxStat = 1
 	steerXmxStatXMX_STAT_RUNT       steerXmxStat = 2
 	steerXmxStatXMX_STAT_NO_SOCKET  steerXmxStat = 3
-	steerXmxStatXMX_STAT_MAX        steerXmxStat = 4
+	steerXmxStatXMX_STAT_OTHER_HOST steerXmxStat = 4
+	steerXmxStatXMX_STAT_MAX        steerXmxStat = 5
 )
 
 // Names of all BPF objects in the ELF.
@@ -31,6 +32,8 @@ const (
 	steerProgXmxSteer      = "xmx_steer"
 	steerProgXmxSteerFrags = "xmx_steer_frags"
 	steerVarEthertype      = "ethertype"
+	steerVarIfmac          = "ifmac"
+	steerVarMatchMac       = "match_mac"
 	steerVarXmxStatCount   = "xmx_stat_count"
 )
 
@@ -93,6 +96,8 @@ type steerMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type steerVariableSpecs struct {
 	Ethertype    *ebpf.VariableSpec `ebpf:"ethertype"`
+	Ifmac        *ebpf.VariableSpec `ebpf:"ifmac"`
+	MatchMac     *ebpf.VariableSpec `ebpf:"match_mac"`
 	XmxStatCount *ebpf.VariableSpec `ebpf:"xmx_stat_count"`
 }
 
@@ -132,6 +137,8 @@ func (m *steerMaps) Close() error {
 // It can be passed to loadSteerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type steerVariables struct {
 	Ethertype    *ebpf.Variable `ebpf:"ethertype"`
+	Ifmac        *ebpf.Variable `ebpf:"ifmac"`
+	MatchMac     *ebpf.Variable `ebpf:"match_mac"`
 	XmxStatCount *ebpf.Variable `ebpf:"xmx_stat_count"`
 }
 

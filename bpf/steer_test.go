@@ -110,6 +110,7 @@ func (a Stats) sub(b Stats) Stats {
 		Passed:     a.Passed - b.Passed,
 		Runt:       a.Runt - b.Runt,
 		NoSocket:   a.NoSocket - b.NoSocket,
+		OtherHost:  a.OtherHost - b.OtherHost,
 	}
 }
 
@@ -201,6 +202,45 @@ func TestConfiguredEtherType(t *testing.T) {
 	variants(t, LoadOptions{EtherType: 0x88B6}, func(t *testing.T, s *Steering) {
 		expect(t, s, frame(0x88B6, 46), xdpPass, Stats{NoSocket: 1})
 		expect(t, s, frame(0x88B5, 46), xdpPass, Stats{Passed: 1})
+	})
+}
+
+// With LoadOptions.HardwareAddr, a unicast frame of the EtherType to
+// another MAC (a macvlan's, another host's) goes to the kernel, counted as
+// OtherHost; broadcast and multicast are steered whatever the address, and
+// frames of other EtherTypes pass as before. Without it, every frame of
+// the EtherType is steered.
+func TestDestinationMAC(t *testing.T) {
+	requirePrivileged(t)
+	to := func(dst string, et uint16) []byte {
+		f := frame(et, 46)
+		mac, err := net.ParseMAC(dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		copy(f, mac)
+		return f
+	}
+	ifmac := [6]byte{0x02, 0x78, 0x6d, 0x00, 0x00, 0x01}
+	variants(t, LoadOptions{HardwareAddr: ifmac}, func(t *testing.T, s *Steering) {
+		for _, tc := range []struct {
+			name string
+			f    []byte
+			want Stats
+		}{
+			{"ours", to("02:78:6d:00:00:01", 0x88B5), Stats{NoSocket: 1}},
+			{"broadcast", to("ff:ff:ff:ff:ff:ff", 0x88B5), Stats{NoSocket: 1}},
+			{"multicast", to("01:00:5e:00:00:01", 0x88B5), Stats{NoSocket: 1}},
+			{"macvlan", to("02:78:6d:ee:00:01", 0x88B5), Stats{OtherHost: 1}},
+			{"last octet", to("02:78:6d:00:00:02", 0x88B5), Stats{OtherHost: 1}},
+			{"first octet", to("06:78:6d:00:00:01", 0x88B5), Stats{OtherHost: 1}},
+			{"IPv4 to another", to("02:78:6d:ee:00:01", 0x0800), Stats{Passed: 1}},
+		} {
+			t.Run(tc.name, func(t *testing.T) { expect(t, s, tc.f, xdpPass, tc.want) })
+		}
+	})
+	variants(t, LoadOptions{}, func(t *testing.T, s *Steering) {
+		expect(t, s, to("02:78:6d:ee:00:01", 0x88B5), xdpPass, Stats{NoSocket: 1})
 	})
 }
 

@@ -139,9 +139,13 @@ func TestAFXDPMultiQueueBuiltRouting(t *testing.T) {
 		return l
 	}
 	a, b := open(lab.Hosts[0]), open(lab.Hosts[1])
-	// Destinations: b's address and a made-up one. The steering program
-	// takes frames by EtherType, whatever their destination.
-	dsts := [][]byte{b.HardwareAddr(), {0x02, 0x78, 0x6d, 0x00, 0x00, 0x99}}
+	// Destinations: b's address, and b's address with the group bit set:
+	// a multicast address, which the steering program takes as it takes
+	// b's (unicast to another MAC it leaves to the kernel). The one bit
+	// flips the low bit of queueFor's hash, so two queues part them.
+	mcast := slices.Clone(b.HardwareAddr())
+	mcast[0] |= 1
+	dsts := [][]byte{b.HardwareAddr(), mcast}
 	size := func(seq uint64) int { return 100 + int(seq%1400) }
 	perQueue := func() [2]uint64 {
 		return [2]uint64{a.Queues()[0].Stats().TxFrames, a.Queues()[1].Stats().TxFrames}

@@ -484,7 +484,8 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	}
 	l.txPoll = [2]unix.PollFd{{Fd: int32(l.fd), Events: unix.POLLOUT}, {Fd: int32(l.efd), Events: unix.POLLIN}}
 
-	l.steerKey, l.steer, err = acquireSteering(l.ifname, l.ifindex, bpf.LoadOptions{EtherType: cfg.EtherType, Frags: l.sg}, cfg.Attach)
+	steerOpts := bpf.LoadOptions{EtherType: cfg.EtherType, Frags: l.sg, HardwareAddr: [6]byte(l.hw)}
+	l.steerKey, l.steer, err = acquireSteering(l.ifname, l.ifindex, steerOpts, cfg.Attach)
 	if err != nil {
 		return nil, err
 	}

@@ -553,3 +553,92 @@ func TestAFXDPCheckInterfaceBesideRecv(t *testing.T) {
 		t.Errorf("CheckInterface beside a waiting Recv = %v after %v", err, el)
 	}
 }
+
+// TestAFXDPLeavesStackedDeviceFrames: frames of the EtherType unicast to a
+// macvlan stacked on the link's interface stay with the kernel, which
+// gives them to the macvlan (a packet link there receives them); the
+// AF_XDP link receives only the frames to its own MAC, and broadcast,
+// which it takes from the kernel (XDP cannot both redirect and pass).
+func TestAFXDPLeavesStackedDeviceFrames(t *testing.T) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	mvMAC := net.HardwareAddr{0x02, 0x78, 0x6d, 0xee, 0, 0x02}
+	for _, args := range [][]string{
+		{"link", "add", "link", h2.Interface, "name", "mv0", "address", mvMAC.String(), "type", "macvlan", "mode", "bridge"},
+		{"link", "set", "mv0", "up"},
+	} {
+		if out, err := h2.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Skipf("no macvlan here: ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	a := openAFXDP(t, h1, xdp.AFXDPConfig{})
+	b := openAFXDP(t, h2, xdp.AFXDPConfig{})
+	var m *xdp.AFPacketLink
+	if err := h2.Do(func() (err error) {
+		m, err = xdp.OpenAFPacket(xdp.AFPacketConfig{Interface: "mv0"})
+		return err
+	}); err != nil {
+		t.Fatalf("open AF_PACKET on mv0 in %s: %v", h2.Name, err)
+	}
+	t.Cleanup(func() { m.Close() })
+
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	var frames [][]byte
+	wantB, wantM := 0, 0
+	for i := range 30 {
+		dst := mvMAC
+		switch i % 3 {
+		case 0:
+			dst = b.HardwareAddr()
+			wantB++
+		case 1:
+			wantM++
+		case 2:
+			if i%2 == 0 {
+				dst = bcast
+				wantB++
+			} else {
+				wantM++
+			}
+		}
+		f := make([]byte, 64)
+		copy(f, dst)
+		copy(f[6:], a.HardwareAddr())
+		f[12], f[13] = 0x88, 0xb5
+		f[14] = byte(i)
+		frames = append(frames, f)
+	}
+	if n, err := a.Send(frames); n != len(frames) || err != nil {
+		t.Fatalf("Send: %d, %v", n, err)
+	}
+	count := func(l xdp.Link, dstOK func(net.HardwareAddr) bool) int {
+		bufs, sizes := make([][]byte, 16), make([]int, 16)
+		for i := range bufs {
+			bufs[i] = make([]byte, 2048)
+		}
+		got := 0
+		for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+			n, err := l.Recv(bufs, sizes, 50*time.Millisecond)
+			if err != nil {
+				t.Fatalf("Recv: %v", err)
+			}
+			for i := range n {
+				if dst := net.HardwareAddr(bufs[i][:6]); !dstOK(dst) {
+					t.Errorf("received a frame to %v", dst)
+				}
+			}
+			got += n
+		}
+		return got
+	}
+	isB := func(d net.HardwareAddr) bool {
+		return d.String() == b.HardwareAddr().String() || d.String() == bcast.String()
+	}
+	isM := func(d net.HardwareAddr) bool { return d.String() == mvMAC.String() }
+	if got := count(b, isB); got != wantB {
+		t.Errorf("AF_XDP link on %s received %d frames, want %d (to its MAC and broadcast)", h2.Interface, got, wantB)
+	}
+	if got := count(m, isM); got != wantM {
+		t.Errorf("packet link on mv0 received %d frames, want %d (to its MAC)", got, wantM)
+	}
+}

@@ -2,6 +2,7 @@ package xdp
 
 import (
 	"fmt"
+	"net"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -58,6 +59,12 @@ func acquireSteering(ifname string, ifindex int, opts bpf.LoadOptions, mode bpf.
 				Err: fmt.Errorf("another AF_XDP link of this process holds the %s program here, this link needs the %s one: "+
 					"the links of one interface must all be multi-buffer or all single-buffer (AFXDPConfig.MultiBuffer, MTU)",
 					progKind(e.opts), progKind(opts))}
+		}
+		if e.opts.HardwareAddr != opts.HardwareAddr {
+			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,
+				Err: fmt.Errorf("the interface's MAC changed from %v to %v since this process attached its program: "+
+					"close the other links of the interface and open them again",
+					net.HardwareAddr(e.opts.HardwareAddr[:]), net.HardwareAddr(opts.HardwareAddr[:]))}
 		}
 		if e.opts != opts {
 			return key, nil, &OpError{Op: "attach steering program", Interface: ifname,
