@@ -811,6 +811,23 @@ func TestAFPacketInterfaceErrors(t *testing.T) {
 // the tag before the socket sees the frame, so only its mark (for another
 // host) tells them apart, and the filter drops it as AF_XDP's steering
 // leaves it to the kernel. b receives the untagged frame only.
+// pktRecvAll returns copies of the frames l receives in 300 ms.
+func pktRecvAll(t *testing.T, l *AFPacketLink) [][]byte {
+	t.Helper()
+	bufs, sizes := pktBufs(8, 2048)
+	var got [][]byte
+	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
+		n, err := l.Recv(bufs, sizes, 50*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			got = append(got, bytes.Clone(bufs[i][:sizes[i]]))
+		}
+	}
+	return got
+}
+
 func TestAFPacketDropsOtherVLAN(t *testing.T) {
 	lab := newPktLab(t)
 	_, b := lab.pair(t, AFPacketConfig{}, AFPacketConfig{})
@@ -829,17 +846,7 @@ func TestAFPacketDropsOtherVLAN(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bufs, sizes := pktBufs(4, 2048)
-	var got [][]byte
-	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
-		n, err := b.Recv(bufs, sizes, 50*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range n {
-			got = append(got, bytes.Clone(bufs[i][:sizes[i]]))
-		}
-	}
+	got := pktRecvAll(t, b)
 	if len(got) != 1 || !bytes.Equal(got[0], plain) {
 		for _, f := range got {
 			t.Logf("received %d bytes: % x", len(f), f[:min(len(f), 32)])
@@ -879,17 +886,7 @@ func TestAFPacketDropsStackedDeviceFrames(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bufs, sizes := pktBufs(8, 2048)
-	var got [][]byte
-	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
-		n, err := b.Recv(bufs, sizes, 50*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range n {
-			got = append(got, bytes.Clone(bufs[i][:sizes[i]]))
-		}
-	}
+	got := pktRecvAll(t, b)
 	if !slices.EqualFunc(got, want, bytes.Equal) {
 		for _, f := range got {
 			t.Logf("received %d bytes to %v", len(f), net.HardwareAddr(f[:6]))
