@@ -2,6 +2,7 @@ package xdp_test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -582,32 +583,20 @@ func TestAFXDPLeavesStackedDeviceFrames(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 
+	// Frames to b's MAC, the macvlan's and broadcast, in turn.
 	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	dsts := []net.HardwareAddr{b.HardwareAddr(), mvMAC, bcast}
+	const rounds = 10
 	var frames [][]byte
-	wantB, wantM := 0, 0
-	for i := range 30 {
-		dst := mvMAC
-		switch i % 3 {
-		case 0:
-			dst = b.HardwareAddr()
-			wantB++
-		case 1:
-			wantM++
-		case 2:
-			if i%2 == 0 {
-				dst = bcast
-				wantB++
-			} else {
-				wantM++
-			}
-		}
+	for i := range rounds * len(dsts) {
 		f := make([]byte, 64)
-		copy(f, dst)
+		copy(f, dsts[i%len(dsts)])
 		copy(f[6:], a.HardwareAddr())
 		f[12], f[13] = 0x88, 0xb5
 		f[14] = byte(i)
 		frames = append(frames, f)
 	}
+	wantB, wantM := 2*rounds, rounds
 	if n, err := a.Send(frames); n != len(frames) || err != nil {
 		t.Fatalf("Send: %d, %v", n, err)
 	}
@@ -631,10 +620,8 @@ func TestAFXDPLeavesStackedDeviceFrames(t *testing.T) {
 		}
 		return got
 	}
-	isB := func(d net.HardwareAddr) bool {
-		return d.String() == b.HardwareAddr().String() || d.String() == bcast.String()
-	}
-	isM := func(d net.HardwareAddr) bool { return d.String() == mvMAC.String() }
+	isB := func(d net.HardwareAddr) bool { return bytes.Equal(d, b.HardwareAddr()) || bytes.Equal(d, bcast) }
+	isM := func(d net.HardwareAddr) bool { return bytes.Equal(d, mvMAC) }
 	if got := count(b, isB); got != wantB {
 		t.Errorf("AF_XDP link on %s received %d frames, want %d (to its MAC and broadcast)", h2.Interface, got, wantB)
 	}
