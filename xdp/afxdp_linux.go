@@ -489,7 +489,7 @@ func OpenAFXDP(cfg AFXDPConfig) (_ *AFXDPLink, err error) {
 	if err != nil {
 		return nil, err
 	}
-	undo = append(undo, func() { releaseSteering(l.steerKey, l.steer) })
+	undo = append(undo, func() { releaseSteering(l.steerKey, l.steer, -1) })
 	l.attach = l.steer.mode
 	if err := l.steer.steer.Register(l.queue, l.fd); err != nil {
 		return nil, fail("register socket in XSKMAP", err)
@@ -612,9 +612,12 @@ func (l *AFXDPLink) goneErr(op string) error {
 }
 
 // markGone notes that the kernel unbound the socket from its device
-// (errno says how it told) and returns the error of operation op.
+// (errno says how it told), takes the steering program off the device
+// (detachGone) and returns the error of operation op.
 func (l *AFXDPLink) markGone(op string, errno unix.Errno) error {
-	l.gone.CompareAndSwap(0, uint32(errno))
+	if l.gone.CompareAndSwap(0, uint32(errno)) {
+		detachGone(l.steerKey, l.steer)
+	}
 	for _, s := range l.siblings {
 		s.gone.CompareAndSwap(0, uint32(errno))
 	}
@@ -1289,8 +1292,7 @@ func (l *AFXDPLink) Close() error {
 			errs = append(errs, &OpError{Op: op, Interface: l.ifname, Err: err})
 		}
 	}
-	note("unregister socket from XSKMAP", l.steer.steer.Unregister(l.queue))
-	note("detach steering program", releaseSteering(l.steerKey, l.steer))
+	note("release steering program", releaseSteering(l.steerKey, l.steer, l.queue))
 	// The rings are mappings of the socket: unmap them before closing it,
 	// and unmap the UMEM only once the kernel has let go of it. The RX and
 	// fill rings, which RxIdle reads without a lock, are retired instead.

@@ -629,3 +629,65 @@ func TestAFXDPLeavesStackedDeviceFrames(t *testing.T) {
 		t.Errorf("packet link on mv0 received %d frames, want %d (to its MAC)", got, wantM)
 	}
 }
+
+// TestAFXDPInterfaceMovedDetaches moves the interface of an open link to
+// another namespace. The kernel unbinds the socket but leaves the XDP
+// program on the device, where it would keep that namespace's frames of
+// the EtherType from the kernel and keep any link there from attaching its
+// own. Once the link has found its interface gone, the program is off the
+// device, before the link is closed, and a link can be opened there.
+func TestAFXDPInterfaceMovedDetaches(t *testing.T) {
+	for _, queues := range []int{1, 2} {
+		t.Run(fmt.Sprintf("queues=%d", queues), func(t *testing.T) { testInterfaceMoved(t, queues) })
+	}
+}
+
+func testInterfaceMoved(t *testing.T, queues int) {
+	lab := netlab.New(t, netlab.Options{Hosts: 2, Queues: queues})
+	h1, h2 := lab.Hosts[0], lab.Hosts[1]
+	var a xdp.Link
+	if queues == 1 {
+		a = openAFXDP(t, h1, xdp.AFXDPConfig{})
+	} else if err := h1.Do(func() (err error) {
+		a, err = xdp.OpenAFXDPQueues(xdp.AFXDPConfig{Interface: h1.Interface}, []int{0, 1})
+		return err
+	}); err != nil {
+		t.Fatalf("open AF_XDP queues 0,1 on %s: %v", h1.Name, err)
+	} else {
+		t.Cleanup(func() { a.Close() })
+	}
+	const moved = "mv0"
+	if out, err := h1.Command("ip", "link", "set", h1.Interface, "netns", h2.Namespace, "name", moved).CombinedOutput(); err != nil {
+		t.Fatalf("move %s of %s to %s: %v: %s", h1.Interface, h1.Name, h2.Namespace, err, out)
+	}
+	if err := a.(xdp.InterfaceChecker).CheckInterface(); !errors.Is(err, xdp.ErrInterfaceGone) {
+		t.Fatalf("CheckInterface after the move = %v, want ErrInterfaceGone", err)
+	}
+	out, err := h2.Command("ip", "-d", "link", "show", "dev", moved).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip -d link show %s in %s: %v: %s", moved, h2.Namespace, err, out)
+	}
+	if strings.Contains(string(out), "prog/xdp") {
+		t.Errorf("the moved interface still carries the link's program before Close:\n%s", out)
+	}
+	var b *xdp.AFXDPLink
+	if err := h2.Do(func() (err error) {
+		b, err = xdp.OpenAFXDP(xdp.AFXDPConfig{Interface: moved})
+		return err
+	}); err != nil {
+		t.Fatalf("open AF_XDP on %s, moved into %s: %v", moved, h2.Name, err)
+	}
+	if err := a.Close(); err != nil {
+		t.Errorf("Close of the link whose interface moved: %v", err)
+	}
+	if err := b.CheckInterface(); err != nil {
+		t.Errorf("the new link's CheckInterface after the old link's Close: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Errorf("Close of the new link: %v", err)
+	}
+	out, _ = h2.Command("ip", "-d", "link", "show", "dev", moved).CombinedOutput()
+	if strings.Contains(string(out), "prog/xdp") {
+		t.Errorf("a program is left on %s after both links closed:\n%s", moved, out)
+	}
+}

@@ -1,6 +1,7 @@
 package xdp
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -25,6 +26,11 @@ type steerEntry struct {
 	mode  bpf.AttachMode // the mode in force
 	opts  bpf.LoadOptions
 	refs  int
+	// detached: the program is closed and the entry out of steerTab,
+	// by the last link's Close or, before it, because the interface left
+	// the namespace (detachGone). Guarded by steerMu.
+	detached  bool
+	detachErr error // what detachGone's close returned, for the last Close
 }
 
 var steerMu sync.Mutex
@@ -99,14 +105,45 @@ func progKind(opts bpf.LoadOptions) string {
 	return "single-buffer (xdp)"
 }
 
-// releaseSteering drops one reference; the last one detaches the program.
-func releaseSteering(key steerKey, e *steerEntry) error {
+// releaseSteering takes a closing link's socket, registered for queue (-1:
+// none), out of the XSKMAP and drops its reference; the last one detaches
+// the program.
+func releaseSteering(key steerKey, e *steerEntry, queue int) error {
 	steerMu.Lock()
 	defer steerMu.Unlock()
 	e.refs--
-	if e.refs > 0 {
-		return nil
+	if e.detached { // the program went with the interface: see detachGone
+		if e.refs > 0 {
+			return nil
+		}
+		return e.detachErr
 	}
+	var err error
+	if queue >= 0 {
+		err = e.steer.Unregister(queue)
+	}
+	if e.refs > 0 {
+		return err
+	}
+	e.detached = true
 	delete(steerTab, key)
-	return e.steer.Close()
+	return errors.Join(err, e.steer.Close())
+}
+
+// detachGone closes the steering program of an interface that a link found
+// gone, unless that is done, without waiting for the links' Close: the kernel removes a
+// deleted device's program itself, but it leaves it on a device that moved
+// to another namespace, where it would take that namespace's frames of the
+// EtherType from the kernel (for sockets that are no longer bound) and
+// refuse anyone else's program. Every socket of the interface is unbound
+// by then, so the program serves none of this process's links any more.
+func detachGone(key steerKey, e *steerEntry) {
+	steerMu.Lock()
+	defer steerMu.Unlock()
+	if e.detached {
+		return
+	}
+	e.detached = true
+	delete(steerTab, key)
+	e.detachErr = e.steer.Close()
 }
