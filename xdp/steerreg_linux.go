@@ -131,12 +131,13 @@ func releaseSteering(key steerKey, e *steerEntry, queue int) error {
 }
 
 // detachGone closes the steering program of an interface that a link found
-// gone, unless that is done, without waiting for the links' Close: the kernel removes a
-// deleted device's program itself, but it leaves it on a device that moved
-// to another namespace, where it would take that namespace's frames of the
-// EtherType from the kernel (for sockets that are no longer bound) and
-// refuse anyone else's program. Every socket of the interface is unbound
-// by then, so the program serves none of this process's links any more.
+// gone (unless it is closed already), without waiting for the links'
+// Close. The kernel removes a deleted device's program itself, but it
+// leaves it on a device that moved to another namespace, where it would
+// take that namespace's frames of the EtherType from the kernel (for
+// sockets that are no longer bound) and refuse anyone else's program.
+// Every socket of the interface is unbound by then, so the program serves
+// none of this process's links any more.
 func detachGone(key steerKey, e *steerEntry) {
 	steerMu.Lock()
 	defer steerMu.Unlock()
