@@ -806,11 +806,6 @@ func TestAFPacketInterfaceErrors(t *testing.T) {
 	}
 }
 
-// TestAFPacketDropsOtherVLAN sends b a frame of the stack's EtherType
-// tagged with a VLAN b is not on, then an untagged one: the kernel strips
-// the tag before the socket sees the frame, so only its mark (for another
-// host) tells them apart, and the filter drops it as AF_XDP's steering
-// leaves it to the kernel. b receives the untagged frame only.
 // pktRecvAll returns copies of the frames l receives in 300 ms.
 func pktRecvAll(t *testing.T, l *AFPacketLink) [][]byte {
 	t.Helper()
@@ -828,6 +823,11 @@ func pktRecvAll(t *testing.T, l *AFPacketLink) [][]byte {
 	return got
 }
 
+// TestAFPacketDropsOtherVLAN sends b a frame of the stack's EtherType
+// tagged with a VLAN b is not on, then an untagged one: the kernel strips
+// the tag before the socket sees the frame, so only its mark (for another
+// host) tells them apart, and the filter drops it as AF_XDP's steering
+// leaves it to the kernel. b receives the untagged frame only.
 func TestAFPacketDropsOtherVLAN(t *testing.T) {
 	lab := newPktLab(t)
 	_, b := lab.pair(t, AFPacketConfig{}, AFPacketConfig{})

@@ -663,11 +663,15 @@ func testInterfaceMoved(t *testing.T, queues int) {
 	if err := a.(xdp.InterfaceChecker).CheckInterface(); !errors.Is(err, xdp.ErrInterfaceGone) {
 		t.Fatalf("CheckInterface after the move = %v, want ErrInterfaceGone", err)
 	}
-	out, err := h2.Command("ip", "-d", "link", "show", "dev", moved).CombinedOutput()
-	if err != nil {
-		t.Fatalf("ip -d link show %s in %s: %v: %s", moved, h2.Namespace, err, out)
+	// programOn says whether the moved interface carries an XDP program.
+	programOn := func() (bool, string) {
+		out, err := h2.Command("ip", "-d", "link", "show", "dev", moved).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip -d link show %s in %s: %v: %s", moved, h2.Namespace, err, out)
+		}
+		return strings.Contains(string(out), "prog/xdp"), string(out)
 	}
-	if strings.Contains(string(out), "prog/xdp") {
+	if on, out := programOn(); on {
 		t.Errorf("the moved interface still carries the link's program before Close:\n%s", out)
 	}
 	var b *xdp.AFXDPLink
@@ -686,8 +690,7 @@ func testInterfaceMoved(t *testing.T, queues int) {
 	if err := b.Close(); err != nil {
 		t.Errorf("Close of the new link: %v", err)
 	}
-	out, _ = h2.Command("ip", "-d", "link", "show", "dev", moved).CombinedOutput()
-	if strings.Contains(string(out), "prog/xdp") {
+	if on, out := programOn(); on {
 		t.Errorf("a program is left on %s after both links closed:\n%s", moved, out)
 	}
 }
