@@ -155,6 +155,11 @@ func (e *Endpoint) oneSided(peer Addr, m RemoteMem, off uint64, segs [][]byte, c
 	if off+uint64(n) < off || off+uint64(n) > m.Len {
 		return Request{}, &ArgError{Arg: fmt.Sprintf("offset %d + length %d", off, n), Err: fmt.Errorf("outside the remote buffer of %d bytes", m.Len)}
 	}
+	// The block's place in the region: one that wraps past 2^64 would
+	// land at the region's start, which the target cannot tell apart.
+	if at := m.Offset + off; at < m.Offset || at+uint64(n) < at {
+		return Request{}, &ArgError{Arg: fmt.Sprintf("remote offset %d + offset %d + length %d", m.Offset, off, n), Err: errors.New("past 2^64")}
+	}
 	p, err := e.lockPeer(peer, "one-sided operation with")
 	if err != nil {
 		return Request{}, err

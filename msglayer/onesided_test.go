@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -311,4 +312,36 @@ func localTarget(t *testing.T) (b, c *msglayer.Endpoint, reg msglayer.Registrati
 		t.Fatal(err)
 	}
 	return b, c, reg, ctx
+}
+
+// TestOneSidedOffsetWraps: a remote offset whose sum with the operation's
+// offset (and length) wraps past 2^64 is refused at the call, on the
+// network and between endpoints of one engine; it used to reach the target
+// as a small offset and read or write the registration's first bytes.
+func TestOneSidedOffsetWraps(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{Seed: 1})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	c := w.open(t, 1, msglayer.Config{EndpointID: 3, Key: 3})
+	target := make([]byte, 4096)
+	reg, err := b.Register(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Deregister(reg)
+	for _, from := range []*msglayer.Endpoint{a, c} {
+		for _, at := range []uint64{math.MaxUint64 - 3, math.MaxUint64 - 1} {
+			m := reg.Mem
+			m.Offset = at // + 4 (+ 5 bytes) wraps
+			data := []byte("wraps")
+			if _, err := from.IPut(b.Addr(), m, 4, [][]byte{data}, nil); !errors.As(err, new(*msglayer.ArgError)) {
+				t.Errorf("Put at remote offset %d + 4 from %v: %v, want an ArgError", at, from.Addr(), err)
+			}
+			if _, err := from.IGet(b.Addr(), m, 4, [][]byte{data}, nil); !errors.As(err, new(*msglayer.ArgError)) {
+				t.Errorf("Get at remote offset %d + 4 from %v: %v, want an ArgError", at, from.Addr(), err)
+			}
+		}
+	}
+	if !bytes.Equal(target, make([]byte, len(target))) {
+		t.Error("the registration was written")
+	}
 }
