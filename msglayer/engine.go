@@ -1090,11 +1090,14 @@ func (g *engine) dispatch(f []byte, now int64) {
 }
 
 // addressedToUs reports whether frame f, of type t, has addresses it may
-// have: from one station (not a group address), to our MAC, or to the
-// broadcast address for a host query. Another frame to a group address
-// would be answered by every engine that sees it.
+// have: from one station (not a group address) other than us, to our MAC,
+// or to the broadcast address for a host query. Another frame to a group
+// address would be answered by every engine that sees it; one from our own
+// MAC is forged (or our own query come back): a peer with our MAC is of
+// this process and never uses the NIC, and such a frame could reset or
+// re-pair a same-process peer.
 func (g *engine) addressedToUs(f []byte, t frameType) bool {
-	if f[6]&1 != 0 {
+	if f[6]&1 != 0 || [6]byte(f[6:12]) == g.mac {
 		return false
 	}
 	if [6]byte(f[0:6]) == g.mac {

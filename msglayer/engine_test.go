@@ -214,3 +214,52 @@ func TestPeekBeforeSleep(t *testing.T) {
 		t.Errorf("peek without a prober = %v, %v after %d polls; want no look", got, err, wc.polls.Load()-polls)
 	}
 }
+
+// TestOwnMACFramesDropped: a frame from the wire that claims the engine's
+// own MAC as its source is counted and dropped. None is genuine (a peer
+// with our MAC is of the same process and never uses the NIC), and a
+// forged session nack or connect naming a same-process pair used to reset
+// or re-pair it: the nack needs no key, only ids a host that connects to
+// both endpoints is told.
+func TestOwnMACFramesDropped(t *testing.T) {
+	for _, connect := range []bool{false, true} {
+		fp := newFuzzPair(t, 0, false, false)
+		b := fp.b
+		c, err := Open(Config{Link: fp.lb, EndpointID: 3, Key: 0xc, Clock: fp.clock, Window: 256})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cr, err := b.IConnect(c.addr, 0xc, 0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st, done, _ := b.Test(cr); !done || st.Code != Success {
+			t.Fatalf("local connect: %v %+v", done, st)
+		}
+		g := b.eng
+		g.mu.Lock()
+		p := b.peers[c.addr]
+		localID, remoteID := p.localID, p.remoteID
+		bad := g.badFrames
+		g.mu.Unlock()
+		f := make([]byte, 60)
+		if connect {
+			h := header{typ: tConnect, dstEP: b.id, srcEP: c.id, srcSession: c.session + 1, seq: 1}
+			putConnect(f[hdrLen:], fuzzKeyB, 0x4242, 1500)
+			putHeader(f, &g.mac, &g.mac, g.ethType, &h)
+		} else {
+			h := header{typ: tNack, dstEP: b.id, srcEP: c.id, dstSession: localID, srcSession: 0x1234}
+			putNack(f[hdrLen:], 0, nackBadSession, remoteID)
+			putHeader(f, &g.mac, &g.mac, g.ethType, &h)
+		}
+		g.mu.Lock()
+		g.dispatch(exact(f), g.clock.Now())
+		connected, local, counted := p.connected, p.local != nil, g.badFrames-bad
+		g.flushAndUnlock()
+		if !connected || !local || counted != 1 {
+			t.Errorf("forged %s from our own MAC: the same-process peer connected %v, local %v; %d bad frames counted, want 1",
+				map[bool]string{false: "nack", true: "connect"}[connect], connected, local, counted)
+		}
+	}
+}
