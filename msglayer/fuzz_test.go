@@ -689,10 +689,10 @@ func (fp *fuzzPair) inject(to *Endpoint, f []byte) {
 	// What dispatch must make of the frame.
 	h, err := decodeHeader(f)
 	bad := len(f) < xdp.EthHeaderLen || binary.BigEndian.Uint16(f[12:14]) != g.ethType || err != nil
-	// From one station, to our MAC (a host query: or to all).
+	// From one station other than us, to our MAC (a host query: or to all).
 	toAll := err == nil && h.typ == tHostQuery && string(f[0:6]) == "\xff\xff\xff\xff\xff\xff"
 	if !bad {
-		bad = f[6]&1 != 0 || (string(f[0:6]) != string(g.mac[:]) && !toAll)
+		bad = f[6]&1 != 0 || string(f[6:12]) == string(g.mac[:]) || (string(f[0:6]) != string(g.mac[:]) && !toAll)
 	}
 	host := !bad && (h.typ == tHostQuery || h.typ == tHostReply)
 	// The frames dispatch hands to endpoints: f, or each ack of a bundle

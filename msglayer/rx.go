@@ -488,6 +488,10 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 				p.detach(r)
 			}
 			e.complete(r, n.code)
+		} else {
+			// Notifies are reliable: none comes twice, and none for a
+			// rendezvous we did not offer this peer.
+			e.stats.BadFrames++
 		}
 		return accepted
 	case tPut:
@@ -691,12 +695,18 @@ func (e *Endpoint) startEager(p *peer, r *request, eh *eagerHdr, payload []byte)
 }
 
 // continueEager delivers a later fragment of the message being
-// reassembled; fragments of abandoned messages are ignored.
+// reassembled; fragments of abandoned messages are ignored. One that does
+// not continue the message under way (another length or match, bytes
+// already received or past them) no sender sends: it is counted.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) continueEager(p *peer, eh *eagerHdr, payload []byte) {
 	in := &p.in
-	if !in.active || eh.offset != in.received || eh.msgLen != in.msgLen || eh.match != in.match {
+	if !in.active {
+		return
+	}
+	if eh.offset != in.received || eh.msgLen != in.msgLen || eh.match != in.match {
+		e.stats.BadFrames++
 		return
 	}
 	in.received += uint32(len(payload))

@@ -1,0 +1,111 @@
+package msglayer
+
+import (
+	"bytes"
+	"testing"
+)
+
+// Frames no sender sends, with the right addresses, sessions and
+// sequence numbers (a fuzzPair's), handed to the receiving engine as its
+// link would: each is counted, and the message under way is unharmed.
+
+// forgedFrame builds a frame of type t from from to to with the pair's
+// ids, sequence number seq, type header th and payload.
+func forgedFrame(fp *fuzzPair, to, from *Endpoint, t frameType, seq uint32, th, payload []byte) []byte {
+	dstID, _ := fp.ids(to)
+	srcID, _ := fp.ids(from)
+	h := header{typ: t, dstEP: to.id, srcEP: from.id, dstSession: dstID, srcSession: srcID, seq: seq, payloadLen: len(payload)}
+	f := make([]byte, max(hdrLen+len(th)+len(payload), 60))
+	putHeader(f, &to.eng.mac, &from.eng.mac, to.eng.ethType, &h)
+	copy(f[hdrLen:], th)
+	copy(f[hdrLen+len(th):], payload)
+	return f
+}
+
+func forgedEager(fp *fuzzPair, to, from *Endpoint, seq uint32, match uint64, msgLen, off uint32, payload []byte) []byte {
+	th := make([]byte, eagerHdrLen)
+	(&eagerHdr{match: match, msgLen: msgLen, offset: off}).put(th)
+	return forgedFrame(fp, to, from, tEager, seq, th, payload)
+}
+
+// handOver hands f to to's engine and returns to's counters after it.
+func handOver(to *Endpoint, f []byte) Counters {
+	g := to.eng
+	g.mu.Lock()
+	g.dispatch(exact(f), g.clock.Now())
+	g.settleAcks()
+	st := to.stats
+	g.flushAndUnlock()
+	return st
+}
+
+// expectedSeq returns to's next expected sequence number from from.
+func expectedSeq(to, from *Endpoint) uint32 {
+	g := to.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return to.peers[from.addr].expected
+}
+
+// TestForgedFragmentsCounted: an eager fragment that does not continue the
+// message being reassembled is counted bad (it was dropped uncounted), and
+// the message completes intact once its true fragment comes.
+func TestForgedFragmentsCounted(t *testing.T) {
+	for _, noPredict := range []bool{false, true} {
+		fp := newFuzzPair(t, 0, false, noPredict)
+		a, b := fp.a, fp.b
+		buf := bytes.Repeat([]byte{0xee}, 300)
+		rr, err := b.Irecv(0x77, ^uint64(0), [][]byte{buf}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq := expectedSeq(b, a)
+		handOver(b, forgedEager(fp, b, a, seq, 0x77, 200, 0, bytes.Repeat([]byte{0x11}, 100)))
+		seq++
+		for _, c := range []struct {
+			why         string
+			match       uint64
+			msgLen, off uint32
+			n           int
+		}{
+			{"another length", 0x77, 250, 100, 100},
+			{"another match", 0x99, 200, 100, 100},
+			{"bytes already received", 0x77, 200, 50, 50},
+			{"bytes past them", 0x77, 200, 150, 50},
+		} {
+			before := countersOf(b)
+			after := handOver(b, forgedEager(fp, b, a, seq, c.match, c.msgLen, c.off, bytes.Repeat([]byte{0x22}, c.n)))
+			seq++
+			if after.BadFrames != before.BadFrames+1 {
+				t.Errorf("noPredict %v: a fragment of %s: %d bad frames counted, want 1", noPredict, c.why, after.BadFrames-before.BadFrames)
+			}
+		}
+		handOver(b, forgedEager(fp, b, a, seq, 0x77, 200, 100, bytes.Repeat([]byte{0x44}, 100)))
+		st, done, err := b.Test(rr)
+		want := append(append(bytes.Repeat([]byte{0x11}, 100), bytes.Repeat([]byte{0x44}, 100)...), bytes.Repeat([]byte{0xee}, 100)...)
+		if err != nil || !done || st.Code != Success || st.XferLen != 200 || !bytes.Equal(buf, want) {
+			t.Fatalf("noPredict %v: the message after the forged fragments: done %v, %+v, %v; buffer % x", noPredict, done, st, err, buf)
+		}
+	}
+}
+
+// TestForgedNotifyCounted: a notify for a rendezvous never offered is
+// counted bad (it was dropped uncounted).
+func TestForgedNotifyCounted(t *testing.T) {
+	fp := newFuzzPair(t, 0, false, false)
+	a, b := fp.a, fp.b
+	th := make([]byte, notifyHdrLen)
+	(&notifyHdr{rndvID: 0xdeadbeef, xferLen: 10, code: Success}).put(th)
+	before := countersOf(b)
+	after := handOver(b, forgedFrame(fp, b, a, tNotify, expectedSeq(b, a), th, nil))
+	if after.BadFrames != before.BadFrames+1 {
+		t.Errorf("a notify for no rendezvous: %d bad frames counted, want 1", after.BadFrames-before.BadFrames)
+	}
+}
+
+func countersOf(e *Endpoint) Counters {
+	g := e.eng
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return e.stats
+}
