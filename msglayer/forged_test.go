@@ -109,3 +109,70 @@ func countersOf(e *Endpoint) Counters {
 	defer g.mu.Unlock()
 	return e.stats
 }
+
+// TestForgedMoveOnAbandons: a message under way that its sender leaves
+// for another kind of frame (no sender does: its fragments follow one
+// another) can never complete. Its receive completes Aborted at once
+// instead of waiting for the peer's next eager message, and the next
+// message is taken the fast way again.
+func TestForgedMoveOnAbandons(t *testing.T) {
+	for _, next := range []frameType{tNop, tRndv, tNotify} {
+		fp := newFuzzPair(t, 0, false, false)
+		a, b := fp.a, fp.b
+		buf := make([]byte, 300)
+		rr, err := b.Irecv(0x77, ^uint64(0), [][]byte{buf}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seq := expectedSeq(b, a)
+		handOver(b, forgedEager(fp, b, a, seq, 0x77, 200, 0, bytes.Repeat([]byte{0x11}, 100)))
+		var th []byte
+		switch next {
+		case tRndv:
+			th = make([]byte, rndvHdrLen)
+			(&rndvHdr{match: 0x55, msgLen: 5000, rndvID: 9}).put(th)
+		case tNotify:
+			th = make([]byte, notifyHdrLen)
+			(&notifyHdr{rndvID: 0xdeadbeef, code: Success}).put(th)
+		}
+		handOver(b, forgedFrame(fp, b, a, next, seq+1, th, nil))
+		st, done, err := b.Test(rr)
+		if err != nil || !done || st.Code != Aborted {
+			t.Errorf("%v after a message's first fragment: its receive done %v, %+v, %v; want Aborted", next, done, st, err)
+		}
+		r2, err := b.Irecv(0x78, ^uint64(0), [][]byte{make([]byte, 8)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := countersOf(b)
+		after := handOver(b, forgedEager(fp, b, a, seq+2, 0x78, 8, 0, make([]byte, 8)))
+		if st, done, _ := b.Test(r2); !done || st.Code != Success {
+			t.Errorf("%v: the next message: done %v, %+v", next, done, st)
+		}
+		if after.Predicted != before.Predicted+1 {
+			t.Errorf("%v: the next message was not predicted (the abandoned one still held the peer)", next)
+		}
+	}
+}
+
+// TestForgedRefusedSeqEnds: once the frame at a refused eager message's
+// sequence number is taken, whatever it is, the refusal ends: a refusal
+// left standing kept the peer off the fast path, and would refuse an
+// eager message at that sequence number 2^32 frames later.
+func TestForgedRefusedSeqEnds(t *testing.T) {
+	fp := newFuzzPair(t, 0, false, false)
+	a, b := fp.a, fp.b
+	g := b.eng
+	g.mu.Lock()
+	p := b.peers[a.addr]
+	seq := p.expected
+	p.refused, p.refusedSeq = true, seq
+	g.mu.Unlock()
+	handOver(b, forgedFrame(fp, b, a, tNop, seq, nil, nil))
+	g.mu.Lock()
+	refused := p.refused
+	g.mu.Unlock()
+	if refused {
+		t.Errorf("a no-op at the refused sequence number %d left the refusal standing", seq)
+	}
+}

@@ -462,6 +462,26 @@ const (
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
+	if p.in.active && h.typ != tEager {
+		// The sender left the message under way for another frame: no
+		// sender does (a message's fragments follow one another), and
+		// the message can never complete.
+		p.abandonIn(Aborted)
+	}
+	res := e.processFrame(p, f, h, now)
+	if res == accepted && p.refused && h.seq == p.refusedSeq {
+		// The frame at a refused message's sequence number is taken,
+		// whatever it is (the rendezvous record, from a correct sender):
+		// the refusal is over.
+		p.refused, p.refusedSeen = false, false
+	}
+	return res
+}
+
+// processFrame is process's handling of the frame by its type.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) processFrame(p *peer, f []byte, h *header, now int64) outcome {
 	th, payload := typeHdr(f, h)
 	switch h.typ {
 	case tNop:
@@ -503,18 +523,12 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 		var rh rndvHdr
 		rh.decode(th)
 		// The rendezvous version of a refused eager message: the
-		// refusal ends once this record is taken (a late copy of the
-		// eager frame is refused until then).
+		// refusal ends once this record is taken (process; a late copy
+		// of the eager frame is refused until then).
 		converted := p.refused && h.seq == p.refusedSeq
-		taken := func() outcome {
-			if converted {
-				p.refused, p.refusedSeen = false, false
-			}
-			return accepted
-		}
 		if r := e.match.arrive(rh.match); r != nil {
 			e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
-			return taken()
+			return accepted
 		}
 		if e.unexpRndv >= e.cfg.MaxUnexpectedRndv {
 			// The sender retransmits until there is room; the handler
@@ -528,14 +542,13 @@ func (e *Endpoint) process(p *peer, f []byte, h *header, now int64) outcome {
 			}
 			if act == Finished {
 				e.sendNotify(p, rh.rndvID, 0, Success, now)
-				return taken()
+				return accepted
 			}
 			if r := e.match.arrive(rh.match); r != nil {
 				e.matchedRndv(r, p, rh.match, rh.msgLen, rh.rndvID, now)
-				return taken()
+				return accepted
 			}
 		}
-		taken()
 		u := &unexp{src: p, match: rh.match, msgLen: rh.msgLen, rndv: true, rndvID: rh.rndvID}
 		e.unexpRndv++
 		e.addUnexp(u)
