@@ -176,3 +176,41 @@ func TestForgedRefusedSeqEnds(t *testing.T) {
 		t.Errorf("a no-op at the refused sequence number %d left the refusal standing", seq)
 	}
 }
+
+// TestForgedRegionNackSparesRendezvous: a bad-region nack names a Get's
+// pull (only a Get pulls from a region). One naming the id of a pull from
+// a rendezvous send is counted, and the pull goes on (it ended with
+// BadRegion).
+func TestForgedRegionNackSparesRendezvous(t *testing.T) {
+	fp := newFuzzPair(t, 0, false, false)
+	a, b := fp.a, fp.b
+	rr, err := b.Irecv(0x31, ^uint64(0), [][]byte{make([]byte, 100000)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th := make([]byte, rndvHdrLen)
+	(&rndvHdr{match: 0x31, msgLen: 100000, rndvID: 7}).put(th)
+	handOver(b, forgedFrame(fp, b, a, tRndv, expectedSeq(b, a), th, nil))
+	g := b.eng
+	g.mu.Lock()
+	var id uint32
+	n := 0
+	for k := range b.pulls {
+		id, n = k, n+1
+	}
+	g.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d pulls after a matched rendezvous record, want 1", n)
+	}
+	nk := make([]byte, nackHdrLen)
+	_, srcID := fp.ids(b)
+	putNack(nk, id, nackBadRegion, srcID)
+	before := countersOf(b)
+	after := handOver(b, forgedFrame(fp, b, a, tNack, 0, nk, nil))
+	if after.BadFrames != before.BadFrames+1 {
+		t.Errorf("a bad-region nack for a rendezvous pull: %d bad frames counted, want 1", after.BadFrames-before.BadFrames)
+	}
+	if st, done, _ := b.Test(rr); done {
+		t.Errorf("a bad-region nack ended a rendezvous pull: %+v", st)
+	}
+}

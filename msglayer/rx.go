@@ -820,7 +820,14 @@ func (e *Endpoint) onNack(p *peer, th []byte, now int64) {
 			}
 		}
 	case nackBadRegion:
+		// Only a Get pulls from a region. A nack naming a pull that has
+		// ended is a late one (each of a block's requests is refused);
+		// one naming a pull from a rendezvous send, no peer sends.
 		if pl := e.pulls[seq]; pl != nil && pl.peer == p {
+			if pl.r.kind != kindGet {
+				e.stats.BadFrames++
+				return
+			}
 			e.endPull(pl, BadRegion)
 		}
 	}
