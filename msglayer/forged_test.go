@@ -179,8 +179,8 @@ func TestForgedRefusedSeqEnds(t *testing.T) {
 
 // TestForgedRegionNackSparesRendezvous: a bad-region nack names a Get's
 // pull (only a Get pulls from a region). One naming the id of a pull from
-// a rendezvous send is counted, and the pull goes on (it ended with
-// BadRegion).
+// a rendezvous send is counted, and the pull goes on (before, it ended
+// with BadRegion).
 func TestForgedRegionNackSparesRendezvous(t *testing.T) {
 	fp := newFuzzPair(t, 0, false, false)
 	a, b := fp.a, fp.b
