@@ -53,6 +53,25 @@ func EagerFrame(f []byte) (seq uint32, match uint64, offset, n, msgLen uint32, o
 	return h.seq, eh.match, eh.offset, uint32(len(payload)), eh.msgLen, true
 }
 
+// SetSeqBase makes the sessions of peers met from now on number their
+// frames from base (0 normally) until restore is called.
+func SetSeqBase(base uint32) (restore func()) {
+	old := seqBase
+	seqBase = base
+	return func() { seqBase = old }
+}
+
+// DebugSeqs returns the endpoint's sequence numbers with peer a: the next
+// to send, the oldest unacked, and the next expected.
+func (e *Endpoint) DebugSeqs(a Addr) (next, acked, expected uint32) {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	if p := e.peers[a]; p != nil {
+		return p.nextSeq, p.acked, p.expected
+	}
+	return 0, 0, 0
+}
+
 // SetWaitAnyHook runs f in WaitAny between its look at the done queue and
 // its wait (nil: nothing).
 func SetWaitAnyHook(f func()) { testHookWaitAny = f }

@@ -180,11 +180,16 @@ type inMsg struct {
 	received uint32
 }
 
+// seqBase is where a session's sequence numbers start, both ways: 0, or
+// just below 2^32 in tests that make them wrap (SetSeqBase).
+var seqBase uint32
+
 // newPeer returns a new record of peer a.
 //
 // +checklocks:e.eng.mu
 func newPeer(e *Endpoint, a Addr) *peer {
 	p := &peer{ep: e, addr: a, rto: int64(e.cfg.InitialRTO), host: e.eng.joinHost(a.MAC), localID: e.session}
+	p.nextSeq, p.acked, p.expected = seqBase, seqBase, seqBase
 	p.tm = timer{slot: -1, peer: p}
 	p.win = make([]txSlot, e.cfg.Window)
 	p.cwnd, p.ssthresh = uint32(len(p.win)), uint32(len(p.win))
@@ -400,7 +405,7 @@ func (p *peer) pair(x, gen uint32) {
 
 // clear completes every pending operation with the peer with code and
 // empties the window, the frames held out of order and the round-trip
-// estimates; sequence numbers start again at 0 both ways.
+// estimates; sequence numbers start again at seqBase both ways.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) clear(code Code) {
@@ -415,7 +420,7 @@ func (p *peer) clear(code Code) {
 		p.releaseOOO(&p.ooo[i])
 	}
 	e.oooHeld -= p.oooCount
-	p.nextSeq, p.acked, p.expected = 0, 0, 0
+	p.nextSeq, p.acked, p.expected = seqBase, seqBase, seqBase
 	// cwnd is the path's and stays; it grows back by slow start.
 	p.recovering, p.ssthresh = false, uint32(len(p.win))
 	p.ackQueued = false
