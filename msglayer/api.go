@@ -299,6 +299,9 @@ func (e *Endpoint) offerRndv(p *peer, r *request) {
 		r.zbuf, r.zoff = g.spanOf(r.segs[0])
 	}
 	r.rndvID = e.newID()
+	for e.rndvs[r.rndvID] != nil { // the counter came round to a live one
+		r.rndvID = e.newID()
+	}
 	e.rndvs[r.rndvID] = r
 	p.rndvs++
 }
