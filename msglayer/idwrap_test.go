@@ -3,6 +3,7 @@ package msglayer
 import (
 	"bytes"
 	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -10,11 +11,9 @@ import (
 // TestWrapRndvIDCollision: rendezvous ids come from the endpoint's 32-bit
 // counter (newID), shared with pulls and registrations. Once it has gone
 // round (2^32 ids later) to the id of a rendezvous still waiting for its
-// receiver, offerRndv stores the new send over the old one in e.rndvs.
-// The hook below moves the counter to just before the live id, as 2^32-1
-// ids allocated meanwhile would.
-// TestWrapRndvIDCollision: a rendezvous id the counter comes round to
-// while a send still holds it goes to the next free one.
+// receiver, the new send must take the next free id, not the live one.
+// The test moves the counter to just before the live id, as 2^32-1 ids
+// allocated meanwhile would.
 func TestWrapRndvIDCollision(t *testing.T) {
 	a, b, _, _ := connectedPair(t, Config{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -116,5 +115,58 @@ func TestWrapPullIDCollision(t *testing.T) {
 	st1, err1 := b.Wait(ctx, r1)
 	if err1 != nil || !bytes.Equal(buf1, m1) {
 		t.Errorf("receive 1: %v %v; its data is message 1's: %v (b gave up on a %d times)", st1.Code, err1, bytes.Equal(buf1, m1), b.Counters().PeersDead)
+	}
+}
+
+// TestSpentHandleStaysSpent: a handle kept after it was spent stays
+// spent however often its request is reused. The test moves the
+// request's generation on as 2^32 - 1 reuses would (with a 32-bit
+// generation, the next use then had the spent handle's number), and
+// checks that the spent handle can neither see nor cancel that use.
+func TestSpentHandleStaysSpent(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	old, err := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 8)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Cancel(old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Wait(ctx, old); !errors.Is(err, ErrCancelled) {
+		t.Fatalf("Wait of the cancelled receive: %v, want %v", err, ErrCancelled)
+	}
+	b.eng.mu.Lock()
+	old.r.gen = old.gen + 1<<32 // 2^32 - 1 reuses after the one that spent it
+	old.r.liveGen.Store(old.r.gen)
+	b.eng.mu.Unlock()
+
+	buf := make([]byte, 8)
+	cur, err := b.Irecv(2, ^uint64(0), [][]byte{buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.r != old.r {
+		t.Fatal("the free list did not give back the spent request")
+	}
+	if _, _, err := b.Test(old); !errors.Is(err, ErrStaleRequest) {
+		t.Errorf("Test of the spent handle: %v, want %v", err, ErrStaleRequest)
+	}
+	if ok, err := b.Cancel(old); ok || !errors.Is(err, ErrStaleRequest) {
+		t.Errorf("Cancel of the spent handle: %v %v, want false %v", ok, err, ErrStaleRequest)
+	}
+	if err := b.Forget(old); !errors.Is(err, ErrStaleRequest) {
+		t.Errorf("Forget of the spent handle: %v, want %v", err, ErrStaleRequest)
+	}
+	s, err := a.Isend(b.Addr(), 2, [][]byte{[]byte("current")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := b.Wait(ctx, cur); err != nil || st.Code != Success || string(buf[:st.XferLen]) != "current" {
+		t.Fatalf("the request's current use: %v %v %q", st.Code, err, buf)
+	}
+	if _, err := a.Wait(ctx, s); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -28,7 +28,7 @@ type request struct {
 	ep *Endpoint // set once: a request stays on its endpoint's free list
 	// liveGen is gen, for Wait's look without the lock: release (and
 	// Forget, which spends the handle) store it.
-	liveGen  atomic.Uint32
+	liveGen  atomic.Uint64
 	doneFlag atomic.Bool   // done, for Wait's look without the lock (see Endpoint.complete)
 	wake     chan struct{} // capacity 1, set once: signalled at completion if waiters > 0
 	// waiters counts the goroutines asleep in Wait on the request (not
@@ -47,7 +47,9 @@ func (r *request) poke() {
 
 // requestState is what release clears.
 type requestState struct {
-	gen  uint32
+	// gen counts the request's uses; 64 bits, so that a handle kept
+	// after it was spent never becomes valid again.
+	gen  uint64
 	kind reqKind
 
 	done      bool // completed: status is final
@@ -122,7 +124,7 @@ type requestState struct {
 // using it again returns ErrStaleRequest.
 type Request struct {
 	r   *request
-	gen uint32
+	gen uint64
 }
 
 // valid reports whether the handle still refers to its request. The
