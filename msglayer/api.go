@@ -106,6 +106,7 @@ func (e *Endpoint) sendConnect(r *request, now int64) {
 	// knew.
 	p := e.peers[r.connAddr]
 	h := header{typ: tConnect, dstEP: r.connAddr.EP, srcEP: e.id, srcSession: p.localID, dstSession: p.remoteID, seq: p.localGen}
+	p.shown = true
 	th := putHeader(b, &r.connAddr.MAC, &g.mac, g.ethType, &h)
 	putConnect(th, r.connKey, r.connID, g.mtu)
 	e.sendFrame(padded(b, tConnect, 0))

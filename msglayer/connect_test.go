@@ -37,6 +37,39 @@ func TestReconnectAfterManyIDs(t *testing.T) {
 	}
 }
 
+// TestRepeatedDisconnectKeepsID: each Disconnect of a record moved its
+// id's generation on, also when the record was not connected and its id
+// had gone out in no frame. 2^31 such calls (a loop of minutes) put the
+// generation half the space past the one the peer knew, and the peer
+// then dropped every connect of ours as coming from an older id. Only
+// the first Disconnect, which leaves a connection, moves the id now.
+func TestRepeatedDisconnectKeepsID(t *testing.T) {
+	a, b, _, _ := connectedPair(t, Config{}, Config{})
+	b.eng.mu.Lock()
+	gen0 := b.peers[a.Addr()].localGen
+	b.eng.mu.Unlock()
+	for range 1 << 14 {
+		b.Disconnect(a.Addr())
+	}
+	b.eng.mu.Lock()
+	gen1 := b.peers[a.Addr()].localGen
+	b.eng.mu.Unlock()
+	if gen1-gen0 != 1 {
+		t.Errorf("%d Disconnects moved the generation by %d, want 1", 1<<14, gen1-gen0)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if err := b.Connect(ctx, a.Addr(), 0xa); err != nil {
+		t.Fatal(err)
+	}
+	if err := sendAndWait(t, b, a, 1, 2*time.Second); err != nil {
+		t.Fatalf("b to a after b reconnected: %v", err)
+	}
+	if err := sendAndWait(t, a, b, 2, 2*time.Second); err != nil {
+		t.Fatalf("a to b after b reconnected: %v", err)
+	}
+}
+
 // TestLockstepConnects: two endpoints each connected to an id the
 // other has left (reached here through two old connect copies delivered
 // after both sides reset) call Connect at the same moment, again and

@@ -18,6 +18,10 @@ type peer struct {
 	// the peer's as we last learned it (0: never), with their generations.
 	localID, localGen   uint32
 	remoteID, remoteGen uint32
+	// shown: localID went out in a connect, a connect reply or a nack
+	// since newID. An id never shown (nor paired) names nothing the peer
+	// could hold, so a reset keeps it (reset).
+	shown bool
 	// taken and prevTaken are the last two connects of the peer that we
 	// took (the id each came from, 0 for none, and its connect id): a
 	// late copy of one, or an older connect of the same id, pairs us
@@ -259,6 +263,7 @@ func (p *peer) evictable(now int64) bool {
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) newID() {
+	p.shown = false
 	p.localGen++
 	p.localID = p.ep.session + p.localGen
 	if p.localID == 0 { // 0 means "unknown"
@@ -367,14 +372,20 @@ func (p *peer) took(x, connID uint32) {
 // reset forgets the exchange with the peer: it gave up on it, this side
 // disconnected, or the peer said it does not know our id. Pending
 // operations with the peer complete with code; the record takes a new id
-// and keeps the peer's (to tell its later ids from earlier ones).
+// and keeps the peer's (to tell its later ids from earlier ones). An id
+// that was never paired nor shown (a Disconnect of a record not connected)
+// is kept: nothing names it, and moving it at each call would, after 2^31
+// calls, make the peer take our next connect for an older id's.
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) reset(code Code) {
+	moved := p.connected || p.shown
 	p.clear(code)
 	p.setDialed(false)
 	p.connected = false
-	p.newID()
+	if moved {
+		p.newID()
+	}
 }
 
 // pair makes x, of generation gen, the peer's id we exchange with: a

@@ -130,6 +130,7 @@ func (e *Endpoint) nackSession(src Addr, h *header, p *peer) {
 	id := e.session
 	if p != nil {
 		id = p.localID
+		p.shown = true
 	}
 	out := header{typ: tNack, dstEP: src.EP, srcEP: e.id, dstSession: h.srcSession, srcSession: id}
 	th := putHeader(b, &src.MAC, &g.mac, g.ethType, &out)
@@ -211,6 +212,7 @@ func (e *Endpoint) onConnect(src Addr, h *header, th []byte, now int64) {
 	case copied:
 		// A copy of a connect we took before: we forgot the peer since,
 		// or the peer moved on. It is over, and must not pair us again.
+		p.shown = true
 		e.sendConnReply(src, x, p.localID, p.localGen, connID, Aborted)
 		return
 	case p.connected && !p.sameSelf(x, xgen):
@@ -238,6 +240,7 @@ func (e *Endpoint) takeConnect(src Addr, p *peer, x, gen, connID uint32, mtu int
 	// said in the reply, before its first frames come.
 	e.eng.noteSender(p, now)
 	p.saidWin = e.eng.recvWindow
+	p.shown = true
 	e.sendConnReply(src, x, p.localID, p.localGen, connID, Success)
 }
 
