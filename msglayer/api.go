@@ -299,10 +299,7 @@ func (e *Endpoint) offerRndv(p *peer, r *request) {
 	if g := e.eng; len(g.bufs) > 0 && len(r.segs) == 1 {
 		r.zbuf, r.zoff = g.spanOf(r.segs[0])
 	}
-	r.rndvID = e.newID()
-	for e.rndvs[r.rndvID] != nil { // the counter came round to a live one
-		r.rndvID = e.newID()
-	}
+	r.rndvID = freeID(e, e.rndvs)
 	e.rndvs[r.rndvID] = r
 	p.rndvs++
 }
@@ -341,6 +338,18 @@ func (e *Endpoint) newID() uint32 {
 		e.nextID++
 	}
 	return e.nextID
+}
+
+// freeID returns a fresh id (newID) that live does not hold: the 32-bit
+// counter may have come round to one still in use.
+//
+// +checklocks:e.eng.mu
+func freeID[V any](e *Endpoint, live map[uint32]*V) uint32 {
+	for {
+		if id := e.newID(); live[id] == nil {
+			return id
+		}
+	}
 }
 
 // Irecv posts a receive for a message whose match info m satisfies

@@ -92,10 +92,7 @@ func (e *Endpoint) Register(buf []byte) (Registration, error) {
 	g := e.eng
 	g.mu.Lock()
 	w.key = g.randKey() | 1
-	id := e.newID()
-	for e.windows[id] != nil {
-		id = e.newID()
-	}
+	id := freeID(e, e.windows)
 	e.windows[id] = w
 	g.mu.Unlock()
 	return Registration{Mem: RemoteMem{Region: id, Key: w.key, Len: w.n}, region: r}, nil

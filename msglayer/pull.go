@@ -104,10 +104,7 @@ func (e *Endpoint) probeBlock(pl *pull, b *pullBlock, now int64) {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) startPull(r *request, p *peer, rndvID, total uint32, now int64) {
-	id := e.newID()
-	for e.pulls[id] != nil { // the counter came round to a live one
-		id = e.newID()
-	}
+	id := freeID(e, e.pulls)
 	pl := &pull{
 		id:           id,
 		r:            r,
