@@ -221,6 +221,35 @@ func TestSemanticMemSeqWrap(t *testing.T) {
 	runSemantic(t, w)
 }
 
+// TestSeqWrapDuplicates: over a link that delivers every frame twice,
+// the copy of the last frame before the wrap arrives when the receiver
+// expects the first one after it. It must count as a duplicate (and be
+// acked again), not as a frame beyond the window, which a sequence test
+// without modular arithmetic makes it.
+func TestSeqWrapDuplicates(t *testing.T) {
+	const base = 1<<32 - 50
+	t.Cleanup(msglayer.SetSeqBase(base))
+	w := memWorld(t, xdp.MemConfig{Duplicate: 1})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 30*time.Second)
+	buf := make([]byte, 8)
+	for i := range 100 {
+		transfer(t, ctx, a, b, uint64(i), message(i, 8), buf)
+		checkMessage(t, buf, i, 8)
+		transfer(t, ctx, b, a, uint64(i), message(i, 8), buf)
+		checkMessage(t, buf, i, 8)
+	}
+	for _, e := range [][2]*msglayer.Endpoint{{a, b}, {b, a}} {
+		if next, _, expected := e[0].DebugSeqs(e[1].Addr()); next-base < 100 || expected-base < 100 {
+			t.Errorf("%v→%v: next %d expected %d: the sequence numbers did not wrap (from %d)", e[0].Addr(), e[1].Addr(), next, expected, base)
+		}
+		c := e[0].Counters()
+		if c.Duplicates == 0 || c.BeyondWindow != 0 {
+			t.Errorf("%v: %d duplicates, %d beyond the window; want some and none", e[0].Addr(), c.Duplicates, c.BeyondWindow)
+		}
+	}
+}
+
 // TestSemanticMemTails runs the suite over in-memory links that send the
 // way AF_PACKET does: pull replies' data goes to the link as a tail read
 // from the sender's memory (xdp.TailSender), not copied into the frame.
