@@ -45,16 +45,16 @@ func TestReconnectAfterManyIDs(t *testing.T) {
 // the first Disconnect, which leaves a connection, moves the id now.
 func TestRepeatedDisconnectKeepsID(t *testing.T) {
 	a, b, _, _ := connectedPair(t, Config{}, Config{})
-	b.eng.mu.Lock()
-	gen0 := b.peers[a.Addr()].localGen
-	b.eng.mu.Unlock()
+	gen := func() uint32 {
+		b.eng.mu.Lock()
+		defer b.eng.mu.Unlock()
+		return b.peers[a.Addr()].localGen
+	}
+	gen0 := gen()
 	for range 1 << 14 {
 		b.Disconnect(a.Addr())
 	}
-	b.eng.mu.Lock()
-	gen1 := b.peers[a.Addr()].localGen
-	b.eng.mu.Unlock()
-	if gen1-gen0 != 1 {
+	if gen1 := gen(); gen1-gen0 != 1 {
 		t.Errorf("%d Disconnects moved the generation by %d, want 1", 1<<14, gen1-gen0)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
