@@ -116,7 +116,9 @@ var (
 // checkSpan validates a tail for a frame whose head is head bytes long.
 func checkSpan(s Span, owner bufferOwner, head, maxLen int) error {
 	if s.Buf == nil {
-		if s.Len != 0 {
+		// Only the zero Span means "no tail"; a Span with an offset or
+		// a length but no buffer names no memory.
+		if s != (Span{}) {
 			return ErrBadSpan
 		}
 		return nil

@@ -121,6 +121,7 @@ func testGather(t *testing.T, mk MakePair, opts Options) {
 		{"NegativeOffset", xdp.Span{Buf: buf, Off: -1, Len: 20}, xdp.ErrBadSpan},
 		{"EmptyTail", xdp.Span{Buf: buf, Off: 0, Len: 0}, xdp.ErrBadSpan},
 		{"LenWithoutBuffer", xdp.Span{Len: 5}, xdp.ErrBadSpan},
+		{"OffsetWithoutBuffer", xdp.Span{Off: 5}, xdp.ErrBadSpan},
 		{"TooLong", xdp.Span{Buf: buf, Off: 0, Len: maxLen}, xdp.ErrFrameTooLong},
 	} {
 		t.Run(c.name, func(t *testing.T) {
