@@ -684,7 +684,10 @@ func (l *AFPacketLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (
 	if l.closed.Load() {
 		return 0, l.opErr("recv", net.ErrClosed)
 	}
-	n := min(len(bufs), len(sizes), l.batch)
+	if len(sizes) < len(bufs) {
+		return 0, l.opErr("recv", shortSizes(len(bufs), len(sizes)))
+	}
+	n := min(len(bufs), l.batch)
 	if n == 0 {
 		return 0, nil
 	}

@@ -685,7 +685,7 @@ func (l *AFXDPLink) CheckInterface() error {
 // Recv implements Link.
 func (l *AFXDPLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
 	if len(sizes) < len(bufs) {
-		return 0, fmt.Errorf("xdp: recv on %s: %d sizes for %d buffers", l.ifname, len(sizes), len(bufs))
+		return 0, &OpError{Op: "recv", Interface: l.ifname, Err: shortSizes(len(bufs), len(sizes))}
 	}
 	if l.closed.Load() {
 		return 0, l.closedErr("recv")

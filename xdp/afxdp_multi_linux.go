@@ -213,6 +213,9 @@ func (m *AFXDPMultiLink) recv(bufs [][]byte, sizes []int, max int, v Visitor, ti
 	if m.closed.Load() {
 		return 0, m.links[0].closedErr("recv")
 	}
+	if v == nil && len(sizes) < len(bufs) {
+		return 0, &OpError{Op: "recv", Interface: m.links[0].ifname, Err: shortSizes(len(bufs), len(sizes))}
+	}
 	limit := len(bufs)
 	if v != nil {
 		limit = max

@@ -14,6 +14,7 @@ package xdp
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"time"
 )
@@ -49,8 +50,8 @@ type Link interface {
 	Send(frames [][]byte) (n int, err error)
 
 	// Recv copies up to len(bufs) received frames into bufs, stores each
-	// frame's length in sizes (len(sizes) >= len(bufs)), and returns how
-	// many it stored. A frame longer than its buffer is truncated to the
+	// frame's length in sizes (len(sizes) >= len(bufs), or the Recv fails
+	// with ErrShortSizes), and returns how many it stored. A frame longer than its buffer is truncated to the
 	// buffer and counted in Stats.RxTruncated.
 	//
 	// timeout bounds the wait for the first frame: 0 polls once and may
@@ -326,6 +327,8 @@ var (
 	ErrFrameTooLong = errors.New("frame longer than the link's MTU")
 	// ErrFrameTooShort: a frame passed to Send is shorter than an Ethernet header.
 	ErrFrameTooShort = errors.New("frame shorter than an Ethernet header")
+	// ErrShortSizes: a Recv was given fewer sizes than buffers.
+	ErrShortSizes = errors.New("fewer sizes than buffers")
 	// ErrNotSupported: the kernel or the interface lacks the feature.
 	ErrNotSupported = errors.New("not supported")
 	// ErrNotEthernet: the interface has no 6-byte hardware address
@@ -371,6 +374,11 @@ func (e *OpError) Error() string {
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
+
+// shortSizes is the error of a Recv given fewer sizes than buffers.
+func shortSizes(bufs, sizes int) error {
+	return fmt.Errorf("%w: %d for %d buffers", ErrShortSizes, sizes, bufs)
+}
 
 // checkFrame validates a frame passed to Send against the link's MTU.
 func checkFrame(f []byte, maxLen int) error {

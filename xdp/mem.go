@@ -705,7 +705,9 @@ func (l *MemLink) unholdLocked(i int) {
 func (l *MemLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration) (int, error) {
 	l.recvMu.Lock()
 	defer l.recvMu.Unlock()
-	bufs = bufs[:min(len(bufs), len(sizes))]
+	if len(sizes) < len(bufs) {
+		return 0, l.opErr("recv", shortSizes(len(bufs), len(sizes)))
+	}
 	return l.recvLocked(bufs, sizes, len(bufs), nil, timeout)
 }
 

@@ -163,6 +163,9 @@ func testBasics(t *testing.T, mk MakePair) {
 		if n, err := l.Send([][]byte{make([]byte, 10)}); n != 0 || !errors.Is(err, xdp.ErrFrameTooShort) {
 			t.Errorf("%v: send of a 10-byte frame = %d, %v; want 0, ErrFrameTooShort", l.Info(), n, err)
 		}
+		if n, err := l.Recv(make([][]byte, 2), make([]int, 1), 0); n != 0 || !errors.Is(err, xdp.ErrShortSizes) {
+			t.Errorf("%v: recv into 2 buffers with 1 size = %d, %v; want 0, ErrShortSizes", l.Info(), n, err)
+		}
 	}
 	if string(p.A.HardwareAddr()) == string(p.B.HardwareAddr()) {
 		t.Errorf("both links have hardware address %v", p.A.HardwareAddr())
