@@ -166,6 +166,9 @@ func (m *AFXDPMultiLink) SendBuilt(n int, b Builder) (int, error) {
 	if len(m.links) == 1 {
 		return m.links[0].SendBuilt(n, b)
 	}
+	if m.closed.Load() {
+		return 0, m.links[0].closedErr("send")
+	}
 	if b == nil {
 		return 0, &OpError{Op: "send", Interface: m.links[0].ifname, Err: errNilBuilder}
 	}
@@ -200,6 +203,9 @@ func (m *AFXDPMultiLink) Recv(bufs [][]byte, sizes []int, timeout time.Duration)
 
 // RecvVisit implements FrameVisitor, gathering from the queues as Recv does.
 func (m *AFXDPMultiLink) RecvVisit(max int, timeout time.Duration, v Visitor) (int, error) {
+	if m.closed.Load() {
+		return 0, m.links[0].closedErr("recv")
+	}
 	if v == nil {
 		return 0, &OpError{Op: "recv", Interface: m.links[0].ifname, Err: errNilVisitor}
 	}

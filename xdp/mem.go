@@ -471,6 +471,9 @@ func (l *MemLink) freeBuffer(b *Buffer) {
 
 // SendGather implements [BufferLink]: tails are copied behind their heads.
 func (l *MemLink) SendGather(n int, g Gatherer) (int, error) {
+	if l.closed.Load() { // a closed link says so first
+		return 0, l.opErr("send", net.ErrClosed)
+	}
 	if g == nil {
 		return 0, l.opErr("send", errNilGatherer)
 	}
@@ -488,6 +491,9 @@ func (l *MemLink) SendGather(n int, g Gatherer) (int, error) {
 
 // SendTails implements [TailSender]: tails are copied behind their heads.
 func (l *MemLink) SendTails(n int, t Tailer) (int, error) {
+	if l.closed.Load() { // a closed link says so first
+		return 0, l.opErr("send", net.ErrClosed)
+	}
 	if t == nil {
 		return 0, l.opErr("send", errNilTailer)
 	}
@@ -510,6 +516,9 @@ func (*MemLink) BufferSent(*Buffer) bool { return true }
 // broadcast frame is copied for every receiver but the last). Otherwise it
 // behaves as Send.
 func (l *MemLink) SendBuilt(n int, b Builder) (int, error) {
+	if l.closed.Load() { // a closed link says so first
+		return 0, l.opErr("send", net.ErrClosed)
+	}
 	if b == nil {
 		return 0, l.opErr("send", errNilBuilder)
 	}

@@ -259,6 +259,23 @@ func testVisitWait(t *testing.T, mk MakePair) {
 	if _, err := bb.SendBuilt(1, b); !errors.Is(err, net.ErrClosed) || len(b.calls) != 0 {
 		t.Errorf("SendBuilt after Close = %v with %d Build calls, want net.ErrClosed and none", err, len(b.calls))
 	}
+	// A closed link says so first, whatever else is wrong with the call.
+	if _, err := bb.SendBuilt(1, nil); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("SendBuilt(1, nil) after Close = %v, want net.ErrClosed", err)
+	}
+	if _, err := bv.RecvVisit(4, 0, nil); !errors.Is(err, net.ErrClosed) {
+		t.Errorf("RecvVisit(4, 0, nil) after Close = %v, want net.ErrClosed", err)
+	}
+	if ts, ok := p.B.(xdp.TailSender); ok {
+		if _, err := ts.SendTails(1, nil); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("SendTails(1, nil) after Close = %v, want net.ErrClosed", err)
+		}
+	}
+	if bl, ok := p.B.(xdp.BufferLink); ok {
+		if _, err := bl.SendGather(1, nil); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("SendGather(1, nil) after Close = %v, want net.ErrClosed", err)
+		}
+	}
 	if err := p.A.Close(); err != nil {
 		t.Fatalf("close: %v", err)
 	}
