@@ -1,6 +1,7 @@
 package xdp
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -134,6 +135,12 @@ type Hub struct {
 
 	// pool recycles frame buffers of capacity mtu+EthHeaderLen.
 	pool sync.Pool
+	// junk (mtu+EthHeaderLen bytes of memJunk, fixed at NewHub) overwrites
+	// a frame as it goes back to the pool, so that a receiver that kept
+	// a visited frame past its Visit reads junk at once, as it would on a
+	// kernel link once the slot is refilled, not only when the pool
+	// happens to hand the buffer out again.
+	junk []byte
 
 	cfg   atomic.Pointer[memConf]  // current knobs; written under mu
 	ports atomic.Pointer[memPorts] // current links; written under mu
@@ -164,6 +171,7 @@ func NewHub(cfg MemConfig) *Hub {
 	}
 	maxLen := h.mtu + EthHeaderLen
 	h.pool.New = func() any { return &memFrame{buf: make([]byte, 0, maxLen)} }
+	h.junk = bytes.Repeat([]byte{memJunk}, maxLen)
 	h.cfg.Store(newMemConf(cfg))
 	h.ports.Store(&memPorts{byMAC: map[[6]byte]*MemLink{}})
 	return h
@@ -242,7 +250,11 @@ func (h *Hub) getFrame(data []byte) *memFrame {
 	return f
 }
 
+// memJunk is the byte a frame is overwritten with as it is released.
+const memJunk = 0xA5
+
 func (h *Hub) putFrame(f *memFrame) {
+	copy(f.buf, h.junk)
 	*f = memFrame{buf: f.buf[:0]}
 	h.pool.Put(f)
 }

@@ -684,3 +684,31 @@ func TestMemDuplicateBackToBack(t *testing.T) {
 		t.Fatalf("order %v, want [2 2 1]", got)
 	}
 }
+
+// keepVisitor keeps the frames it is shown, which the Visitor contract
+// forbids: they stay the link's.
+type keepVisitor struct{ kept [][]byte }
+
+func (v *keepVisitor) Visit(f []byte) { v.kept = append(v.kept, f) }
+
+// A frame kept past its Visit is junk once RecvVisit returns, as on a
+// kernel link whose slot is refilled, whether or not the pool hands its
+// buffer out again.
+func TestMemVisitedFramesAreJunkAfterVisit(t *testing.T) {
+	a, b := NewPair(MemConfig{})
+	defer a.Close()
+	defer b.Close()
+	memSendSeq(t, a, b, 0, 3)
+	v := &keepVisitor{}
+	if n, err := b.RecvVisit(8, time.Second, v); n != 3 || err != nil {
+		t.Fatalf("RecvVisit = %d, %v; want 3, nil", n, err)
+	}
+	for i, f := range v.kept {
+		if len(f) != 64 {
+			t.Fatalf("frame %d: %d bytes, want 64", i, len(f))
+		}
+		if !bytes.Equal(f, bytes.Repeat([]byte{memJunk}, len(f))) {
+			t.Errorf("frame %d kept past its Visit still reads % x...", i, f[:22])
+		}
+	}
+}
