@@ -147,6 +147,57 @@ func TestLentBufferFallback(t *testing.T) {
 	}
 }
 
+// TestLentBufferFallbackFullArea: once the link's buffer area is full,
+// AllocBuffer gives ordinary memory (counted in BufferFallbacks), sends
+// from it are copied and arrive whole, and a Free makes room for link
+// memory again.
+func TestLentBufferFallbackFullArea(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{BufferBytes: 1 << 20, Loss: 0.02, Seed: 9})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	ctx := ctxFor(t, 30*time.Second)
+	const size = 600 << 10
+	// send sends size bytes from buf and reports whether pull replies
+	// were sent from it where it lies (link memory) or copied.
+	send := func(buf *msglayer.Buffer, i int) (lent bool) {
+		t.Helper()
+		before := a.Counters().GatheredReplies
+		copy(buf.Bytes(), message(i, size))
+		got := make([]byte, size)
+		transfer(t, ctx, a, b, uint64(i), buf.Bytes()[:size], got)
+		checkMessage(t, got, i, size)
+		return a.Counters().GatheredReplies > before
+	}
+	alloc := func() *msglayer.Buffer {
+		t.Helper()
+		buf, err := a.AllocBuffer(size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return buf
+	}
+	first := alloc()
+	if !send(first, 1) {
+		t.Error("the first buffer, inside the area, was not sent from where it lies")
+	}
+	second := alloc() // the area has 424 KiB left
+	if c := a.Counters(); c.BufferFallbacks != 1 {
+		t.Errorf("BufferFallbacks = %d after an AllocBuffer past the area, want 1", c.BufferFallbacks)
+	}
+	if send(second, 2) {
+		t.Error("pull replies were gathered from a buffer of ordinary memory")
+	}
+	second.Free()
+	first.Free()
+	third := alloc()
+	defer third.Free()
+	if !send(third, 3) {
+		t.Error("after the Frees, a new buffer was not link memory")
+	}
+	if c := a.Counters(); c.BufferFallbacks != 1 {
+		t.Errorf("BufferFallbacks = %d after the area had room again, want 1", c.BufferFallbacks)
+	}
+}
+
 // holdingLink is an in-memory link that keeps its lent buffers in use
 // while holding is set, as a zero-copy NIC slow to complete would, or
 // frames a refused kick left on an AF_XDP ring: BufferSent says no.

@@ -53,6 +53,12 @@ type MemConfig struct {
 	// one sender do not depend on how other senders interleave with it.
 	// It is fixed when the segment is made: SetConfig ignores it.
 	Seed int64
+
+	// BufferBytes bounds the bytes each link lends with AllocBuffer at
+	// once, as an AF_XDP link's buffer area does: an AllocBuffer past it
+	// fails with ErrNoBufferSpace, and a Free makes room again. 0 means
+	// no bound. It is fixed when the segment is made: SetConfig ignores it.
+	BufferBytes int
 }
 
 const (
@@ -131,6 +137,7 @@ func newMemConf(cfg MemConfig) *memConf {
 type Hub struct {
 	mtu   int       // fixed at NewHub
 	seed  uint64    // fixed at NewHub
+	lend  int       // MemConfig.BufferBytes, fixed at NewHub
 	epoch time.Time // zero of the frames' due times (monotonic clock)
 
 	// pool recycles frame buffers of capacity mtu+EthHeaderLen.
@@ -161,6 +168,7 @@ func NewHub(cfg MemConfig) *Hub {
 	h := &Hub{
 		mtu:   cfg.MTU,
 		seed:  uint64(cfg.Seed),
+		lend:  max(cfg.BufferBytes, 0),
 		epoch: time.Now(),
 	}
 	if h.mtu <= 0 {
@@ -382,8 +390,10 @@ type MemLink struct {
 	// wakeReq is set by Wake: the next Recv that would wait returns at once.
 	wakeReq atomic.Bool
 
-	// sendMu serialises Send and guards rng, gather, tails and copier.
+	// sendMu serialises Send and guards rng, gather, tails, copier, lent
+	// and the lent buffers' freed flags.
 	sendMu sync.Mutex
+	lent   int // bytes of the buffers AllocBuffer lent and not freed
 	// gather adapts SendGather's Gatherer, tails SendTails' Tailer and
 	// copier Send's frames to sendBuiltLocked (kept here: no allocation
 	// per call).
@@ -471,13 +481,24 @@ func (l *MemLink) AllocBuffer(n int) (*Buffer, error) {
 	if l.closed.Load() {
 		return nil, l.opErr("allocate buffer", net.ErrClosed)
 	}
+	l.sendMu.Lock()
+	defer l.sendMu.Unlock()
+	if l.hub.lend > 0 && n > l.hub.lend-l.lent {
+		return nil, l.opErr("allocate buffer", ErrNoBufferSpace)
+	}
+	l.lent += n
 	return &Buffer{mem: make([]byte, n), owner: l}, nil
 }
 
-// freeBuffer marks b freed; sendMu guards the flag, as SendGather reads it.
+// freeBuffer marks b freed and gives its bytes back to the bound; sendMu
+// guards the flag, as SendGather reads it. The tails of frames sent from b
+// were copied, so the room is free at once.
 func (l *MemLink) freeBuffer(b *Buffer) {
 	l.sendMu.Lock()
-	b.freed = true
+	if !b.freed {
+		b.freed = true
+		l.lent -= len(b.mem)
+	}
 	l.sendMu.Unlock()
 }
 

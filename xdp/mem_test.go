@@ -712,3 +712,32 @@ func TestMemVisitedFramesAreJunkAfterVisit(t *testing.T) {
 		}
 	}
 }
+
+// MemConfig.BufferBytes bounds what a link lends at once, per link, as an
+// AF_XDP buffer area does; Free makes room again (once, however often it
+// is called).
+func TestMemBufferBytes(t *testing.T) {
+	a, b := NewPair(MemConfig{BufferBytes: 1000})
+	defer a.Close()
+	defer b.Close()
+	alloc := func(l *MemLink, n int) *Buffer {
+		t.Helper()
+		buf, err := l.AllocBuffer(n)
+		if err != nil {
+			t.Fatalf("AllocBuffer(%d): %v", n, err)
+		}
+		return buf
+	}
+	x := alloc(a, 600)
+	if _, err := a.AllocBuffer(401); !errors.Is(err, ErrNoBufferSpace) {
+		t.Fatalf("AllocBuffer(401) with 400 bytes left = %v, want ErrNoBufferSpace", err)
+	}
+	alloc(b, 1000) // the other link has its own room
+	alloc(a, 400)
+	x.Free()
+	x.Free()
+	alloc(a, 600)
+	if _, err := a.AllocBuffer(1); !errors.Is(err, ErrNoBufferSpace) {
+		t.Fatalf("AllocBuffer(1) on a full area = %v, want ErrNoBufferSpace", err)
+	}
+}
