@@ -40,7 +40,8 @@ const MinFrameLen = 60
 // Send and Recv may be called concurrently with each other; calls of Send
 // are serialised by the link, and so are calls of Recv. Close may be called
 // at any time from any goroutine: calls blocked in Send or Recv return
-// net.ErrClosed, and so does every later call.
+// net.ErrClosed, and so does every later call. Close returns once the calls
+// under way have ended.
 type Link interface {
 	// Send queues frames for transmission and returns how many it took,
 	// in order. The frames are copied (or handed to the kernel) before Send
@@ -141,7 +142,7 @@ type RxBudget interface {
 //
 // Calls of SendBuilt are serialised with each other and with Send, and hold
 // the link's send lock while Build runs: Build must not call back into the
-// link (Send or SendBuilt would deadlock). Close may be called at any time,
+// link (Send, SendBuilt or Close would deadlock). Close may be called at any time,
 // as with Send.
 type FrameBuilder interface {
 	// SendBuilt sends n frames, each written in place by b.Build(i, buf):
@@ -212,10 +213,11 @@ func (c *tailCopy) Build(i int, buf []byte) int {
 //
 // Calls of RecvVisit are serialised with each other and with Recv, and hold
 // the link's receive lock while Visit runs: Visit must not call back into
-// the link (Recv or RecvVisit would deadlock) and should be quick, since
-// the frames it is shown stay out of the link's receive ring until the
-// call returns. Close may be called at any time: a frame being visited
-// stays valid until Visit returns.
+// the link (Recv, RecvVisit or Close would deadlock; Wake may be called)
+// and should be quick, since the frames it is shown stay out of the link's
+// receive ring until the call returns. Close may be called at any time
+// from another goroutine: a frame being visited stays valid until Visit
+// returns.
 type FrameVisitor interface {
 	// RecvVisit waits like Recv (the timeout semantics are identical, and
 	// so are Wake and Close: a RecvVisit blocked when the link is closed

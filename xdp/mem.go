@@ -958,6 +958,11 @@ func (l *MemLink) Stats() Stats {
 func (l *MemLink) Close() error {
 	l.closeOnce.Do(func() {
 		l.closed.Store(true)
+		close(l.done) // ends a Recv waiting
+		// Wait for the calls under way, as the kernel links do: once
+		// Close returns no Send, Build, Recv or Visit of this link runs.
+		l.recvMu.Lock()
+		l.sendMu.Lock()
 		l.mu.Lock()
 		for i, f := range l.q {
 			l.hub.putFrame(f)
@@ -966,7 +971,8 @@ func (l *MemLink) Close() error {
 		l.q = nil
 		l.held = nil
 		l.mu.Unlock()
-		close(l.done)
+		l.sendMu.Unlock()
+		l.recvMu.Unlock()
 	})
 	return nil
 }

@@ -353,6 +353,90 @@ func testWakeInVisitDuringClose(t *testing.T, mk MakePair) {
 	w.Wake() // after Close: nothing to wake, no harm
 }
 
+// blockBuilder builds one frame, but first tells started and waits for
+// release.
+type blockBuilder struct {
+	lenBuilder
+	started, release chan struct{}
+}
+
+func (b *blockBuilder) Build(i int, buf []byte) int {
+	close(b.started)
+	<-b.release
+	return b.lenBuilder.Build(i, buf)
+}
+
+// testCloseWaitsForCalls closes a link while a Build, then a Visit, of it
+// runs: Close returns only once the call has ended, so that after Close
+// nothing of the link runs any more.
+func testCloseWaitsForCalls(t *testing.T, mk MakePair) {
+	closeDuring := func(t *testing.T, l xdp.Link, started, release chan struct{}, call <-chan error) {
+		t.Helper()
+		select {
+		case <-started:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the call did not start")
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- l.Close() }()
+		select {
+		case <-closed:
+			close(release)
+			<-call
+			t.Fatal("Close returned while a call of the link was under way")
+		case <-time.After(100 * time.Millisecond):
+		}
+		close(release)
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Close did not return after the call ended")
+		}
+		<-call
+	}
+	t.Run("Build", func(t *testing.T) {
+		p := mk(t)
+		ab, _, _, _ := inPlacePair(t, p)
+		b := &blockBuilder{lenBuilder: lenBuilder{dst: p.B.HardwareAddr(), src: p.A.HardwareAddr(), run: 31, size: 100},
+			started: make(chan struct{}), release: make(chan struct{})}
+		call := make(chan error, 1)
+		go func() { _, err := ab.SendBuilt(1, b); call <- err }()
+		closeDuring(t, p.A, b.started, b.release, call)
+	})
+	t.Run("Visit", func(t *testing.T) {
+		p := mk(t)
+		ab, _, _, bv := inPlacePair(t, p)
+		started, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		v := visitFunc(func([]byte) { once.Do(func() { close(started); <-release }) })
+		call := make(chan error, 1)
+		go func() {
+			var err error
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+				var n int
+				if n, err = bv.RecvVisit(4, 50*time.Millisecond, v); n > 0 || err != nil {
+					break
+				}
+			}
+			call <- err
+		}()
+		b := &lenBuilder{dst: p.B.HardwareAddr(), src: p.A.HardwareAddr(), run: 32, size: 100}
+		go func() { // until the frame is seen (the link may lose some)
+			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+				if _, err := ab.SendBuilt(1, b); err != nil {
+					return
+				}
+				select {
+				case <-started:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+			}
+		}()
+		closeDuring(t, p.B, started, release, call)
+	})
+}
+
 // testBuiltNoAllocs checks that SendBuilt and RecvVisit make no heap
 // allocation in steady state.
 func testBuiltNoAllocs(t *testing.T, mk MakePair, opts Options) {

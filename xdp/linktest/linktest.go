@@ -68,6 +68,7 @@ func Run(t *testing.T, mk MakePair, opts Options) {
 	t.Run("VisitMax", func(t *testing.T) { testVisitMax(t, mk, opts) })
 	t.Run("VisitTimeoutWakeClose", func(t *testing.T) { testVisitWait(t, mk) })
 	t.Run("WakeInVisitDuringClose", func(t *testing.T) { testWakeInVisitDuringClose(t, mk) })
+	t.Run("CloseWaitsForCalls", func(t *testing.T) { testCloseWaitsForCalls(t, mk) })
 	t.Run("BuiltVisitedNoAllocs", func(t *testing.T) { testBuiltNoAllocs(t, mk, opts) })
 	// BufferLink.
 	t.Run("Gather", func(t *testing.T) { testGather(t, mk, opts) })
