@@ -142,8 +142,8 @@ type RxBudget interface {
 //
 // Calls of SendBuilt are serialised with each other and with Send, and hold
 // the link's send lock while Build runs: Build must not call back into the
-// link (Send, SendBuilt or Close would deadlock). Close may be called at any time,
-// as with Send.
+// link (Send, SendBuilt or Close would deadlock). Close may be called at
+// any time from another goroutine, as with Send.
 type FrameBuilder interface {
 	// SendBuilt sends n frames, each written in place by b.Build(i, buf):
 	// buf is link memory of MaxFrameLen bytes (len and cap; its contents
