@@ -580,22 +580,15 @@ func ensureTools(e *Env, systems []*System, noInstall bool) {
 		return
 	}
 	fmt.Fprintf(os.Stderr, "bench: installing %s\n", strings.Join(pkgs, " "))
-	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	for _, argv := range [][]string{
-		// Wait for the lock of an apt already at work (a fresh VM's
-		// unattended upgrades) rather than fail.
-		{"apt-get", "-o", "DPkg::Lock::Timeout=600", "update", "-qq"},
-		append([]string{"apt-get", "-o", "DPkg::Lock::Timeout=600", "install", "-y", "-qq"}, pkgs...),
-	} {
-		ctx, cancel := context.WithTimeout(e.ctx, 10*time.Minute)
-		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		cancel()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "bench: %s: %v\n%s\n", strings.Join(argv, " "), err, tail(string(out), 10))
-			return
-		}
+	// scripts/debdeps (the tool runs from the repository root) waits for
+	// the locks of an apt already at work (a fresh VM's unattended
+	// upgrades), apt-get update's own included, rather than fail.
+	ctx, cancel := context.WithTimeout(e.ctx, 25*time.Minute)
+	defer cancel()
+	argv := append([]string{"scripts/debdeps"}, pkgs...)
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %s: %v\n%s\n", strings.Join(argv, " "), err, tail(string(out), 10))
 	}
 }
 
