@@ -978,8 +978,8 @@ func (c *mcConfig) mcSummarize(rep *mcClientsReport, res []mcClient, eps []*msgl
 			sum += d
 		}
 		us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-		rep.P50us = us(lat[(len(lat)-1)/2])
-		rep.P99us = us(lat[(len(lat)-1)*99/100])
+		rep.P50us = us(rank(lat, 50))
+		rep.P99us = us(rank(lat, 99))
 		rep.MaxUs = us(lat[len(lat)-1])
 		rep.MeanUs = us(sum / time.Duration(len(lat)))
 		rep.LatHist = mcHistogram(lat)

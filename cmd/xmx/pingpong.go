@@ -191,8 +191,8 @@ func pingSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, pee
 	res := pingResult{
 		Size:       size,
 		Iterations: n,
-		P50us:      half(rtts[len(rtts)/2]),
-		P99us:      half(rtts[len(rtts)*99/100]),
+		P50us:      half(rank(rtts, 50)),
+		P99us:      half(rank(rtts, 99)),
 		MeanUs:     half(sum / time.Duration(len(rtts))),
 		MinUs:      half(rtts[0]),
 	}
@@ -206,6 +206,14 @@ func pingSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, pee
 		}
 	}
 	return res, nil
+}
+
+// rank is the p-th percentile of sorted, which is not empty: the element
+// at index ⌊(n−1)·p/100⌋, the rule of manyclients and linkbench too (the
+// median of two is the lower, p99 of up to 100 samples is not the maximum
+// unless all are).
+func rank(sorted []time.Duration, p int) time.Duration {
+	return sorted[(len(sorted)-1)*p/100]
 }
 
 // histogram counts half round trips in power-of-two microsecond buckets:

@@ -564,3 +564,43 @@ func TestServerGone(t *testing.T) {
 		}
 	}
 }
+
+// rank takes the lower of the middle two for p50 and, below 101 samples,
+// not the maximum for p99 (pingpong used to report the maximum for both at
+// -n 2, and for p99 at every -n up to 100).
+func TestRank(t *testing.T) {
+	us := func(v ...int) []time.Duration {
+		d := make([]time.Duration, len(v))
+		for i, x := range v {
+			d[i] = time.Duration(x) * time.Microsecond
+		}
+		return d
+	}
+	hundred := make([]int, 100)
+	for i := range hundred {
+		hundred[i] = i + 1
+	}
+	thousand := make([]int, 1000)
+	for i := range thousand {
+		thousand[i] = i + 1
+	}
+	for _, c := range []struct {
+		name   string
+		sorted []time.Duration
+		p      int
+		want   time.Duration
+	}{
+		{"one p50", us(7), 50, 7 * time.Microsecond},
+		{"one p99", us(7), 99, 7 * time.Microsecond},
+		{"two p50", us(44, 95), 50, 44 * time.Microsecond},
+		{"two p99", us(44, 95), 99, 44 * time.Microsecond},
+		{"three p50", us(1, 2, 3), 50, 2 * time.Microsecond},
+		{"hundred p99", us(hundred...), 99, 99 * time.Microsecond},
+		{"thousand p99", us(thousand...), 99, 990 * time.Microsecond},
+		{"thousand p50", us(thousand...), 50, 500 * time.Microsecond},
+	} {
+		if got := rank(c.sorted, c.p); got != c.want {
+			t.Errorf("%s: rank = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
