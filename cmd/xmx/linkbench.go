@@ -159,7 +159,10 @@ full-size frames (frames/s) received.
 	for i, s := range chosen {
 		rows[i] = &benchRow{System: s.name, Ref: s.ref}
 	}
-	progress := io.Writer(os.Stderr)
+	progress := io.Discard // progress lines only on a terminal, not in logs
+	if isTerminal(os.Stderr) {
+		progress = os.Stderr
+	}
 	for r := 0; r < *rounds; r++ {
 		for i, s := range chosen {
 			fmt.Fprintf(progress, "\rround %d/%d: %-14s", r+1, *rounds, s.name)
