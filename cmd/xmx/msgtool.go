@@ -225,7 +225,7 @@ func (f *endpointFlags) checkInterface() error {
 	}
 	ifi, err := net.InterfaceByName(f.iface)
 	if err != nil {
-		return fmt.Errorf("-i %s: no such interface (see ip link)", f.iface)
+		return fmt.Errorf("%w: -i %s: no such interface (see ip link)", errUsage, f.iface)
 	}
 	if ifi.Flags&net.FlagUp == 0 {
 		return fmt.Errorf("-i %s: the interface is down (ip link set %s up)", f.iface, f.iface)

@@ -231,7 +231,8 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the rest needs root: an interface check, and a run as another user")
 	}
-	if code, stderr := run(nil, "pingpong", "-i", "nosuch0"); code != 1 || !strings.Contains(stderr, "-i nosuch0: no such interface (see ip link)") {
+	// A name that names no interface is a bad flag (exit 2), like any.
+	if code, stderr := run(nil, "pingpong", "-i", "nosuch0"); code != 2 || !strings.Contains(stderr, "-i nosuch0: no such interface (see ip link)") {
 		t.Errorf("an unknown interface: exit %d, %q", code, stderr)
 	}
 	setpriv, err := exec.LookPath("setpriv")
