@@ -313,17 +313,7 @@ func testWakeInVisitDuringClose(t *testing.T, mk MakePair) {
 			w.Wake()
 		})
 	})
-	visited := make(chan error, 1)
-	go func() {
-		var err error
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			var n int
-			if n, err = bv.RecvVisit(4, 50*time.Millisecond, v); n > 0 || err != nil {
-				break
-			}
-		}
-		visited <- err
-	}()
+	visited := visitOne(bv, v)
 	b := &lenBuilder{dst: p.B.HardwareAddr(), src: p.A.HardwareAddr(), run: 29, size: 100}
 	for deadline := time.Now().Add(5 * time.Second); ; {
 		if _, err := ab.SendBuilt(1, b); err != nil {
@@ -351,6 +341,23 @@ func testWakeInVisitDuringClose(t *testing.T, mk MakePair) {
 	}
 	<-visited
 	w.Wake() // after Close: nothing to wake, no harm
+}
+
+// visitOne receives with v, in a goroutine, until a frame was visited or
+// 5 s have passed, and then sends what the last RecvVisit returned.
+func visitOne(bv xdp.FrameVisitor, v xdp.Visitor) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			var n int
+			if n, err = bv.RecvVisit(4, 50*time.Millisecond, v); n > 0 || err != nil {
+				break
+			}
+		}
+		done <- err
+	}()
+	return done
 }
 
 // blockBuilder builds one frame, but first tells started and waits for
@@ -409,17 +416,7 @@ func testCloseWaitsForCalls(t *testing.T, mk MakePair) {
 		started, release := make(chan struct{}), make(chan struct{})
 		var once sync.Once
 		v := visitFunc(func([]byte) { once.Do(func() { close(started); <-release }) })
-		call := make(chan error, 1)
-		go func() {
-			var err error
-			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-				var n int
-				if n, err = bv.RecvVisit(4, 50*time.Millisecond, v); n > 0 || err != nil {
-					break
-				}
-			}
-			call <- err
-		}()
+		call := visitOne(bv, v)
 		b := &lenBuilder{dst: p.B.HardwareAddr(), src: p.A.HardwareAddr(), run: 32, size: 100}
 		go func() { // until the frame is seen (the link may lose some)
 			for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
