@@ -34,6 +34,8 @@ fmt-check:
 	if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
 
 vet:
+	@# go.mod and go.sum say exactly what the build and its tests use.
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 	$(GO) vet -tags xmxtrace ./xdp ./msglayer ./internal/...
 
