@@ -62,13 +62,10 @@ type benchRow struct {
 	rates []float64
 }
 
-// maxLinkRounds and maxStreamTime bound -rounds and -stream-time, so
-// that a run ends in a bounded time: every round opens each system's
-// links and streams for -stream-time.
-const (
-	maxLinkRounds = 1000
-	maxStreamTime = time.Hour
-)
+// maxLinkRounds bounds -rounds (and maxRunTime -stream-time), so that a
+// run ends in a bounded time: every round opens each system's links and
+// streams for -stream-time.
+const maxLinkRounds = 1000
 
 func runLinkBench(args []string) error {
 	fs := flag.NewFlagSet("linkbench", flag.ContinueOnError)
@@ -121,8 +118,8 @@ full-size frames (frames/s) received.
 	if *mtu < 68 || *mtu > 65535 {
 		return fmt.Errorf("%w: -mtu %d: want 68..65535 (veth's range)", errUsage, *mtu)
 	}
-	if *streamTime <= 0 || *streamTime > maxStreamTime {
-		return fmt.Errorf("%w: -stream-time %v: want a positive duration up to %v", errUsage, *streamTime, maxStreamTime)
+	if *streamTime <= 0 || *streamTime > maxRunTime {
+		return fmt.Errorf("%w: -stream-time %v: want a positive duration up to %v", errUsage, *streamTime, maxRunTime)
 	}
 	chosen, err := pickSystems(*systems)
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 )
 
 // A command is one subcommand of xmx.
@@ -38,6 +39,11 @@ var commands = map[string]command{
 
 // errUsage marks errors in the command line (exit status 2).
 var errUsage = errors.New("usage")
+
+// maxRunTime bounds every flag that sets how long a measurement runs
+// (-time, -duration, -stream-time, -drain): every loop of xmx ends by
+// itself.
+const maxRunTime = time.Hour
 
 // parseFlags parses a command's flags. A bad flag comes back as a usage
 // error, which main prints once with a pointer to -h; only -h itself

@@ -47,8 +47,6 @@ import (
 const (
 	mcPullOverhead  = 24 + 8
 	mcEagerOverhead = 24 + 16
-	// mcMaxDuration bounds -duration: every loop here ends by time.
-	mcMaxDuration = time.Hour
 	// mcSeriesBin is the width of the server's goodput time series.
 	mcSeriesBin = 100 * time.Millisecond
 	// mcLatBuckets is the resolution of the latency histogram: buckets
@@ -245,8 +243,8 @@ estimate of the data they sent more than once.
 		if c.recvs*c.recvSize > mcMaxRecvBytes {
 			return nil, bad("-recvs %d -max-size %s: %d receive buffers of %d bytes: more than 1 GiB", c.recvs, *maxSize, c.recvs, c.recvSize)
 		}
-		if c.sample <= 0 {
-			return nil, bad("-sample %v: must be positive", c.sample)
+		if c.sample <= 0 || c.sample > maxRunTime {
+			return nil, bad("-sample %v: want a positive duration up to %v", c.sample, maxRunTime)
 		}
 		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold", "umem", "umem-gather", "buffer-per-client", "goroutine-per-client"} {
 			if set[f] {
@@ -272,8 +270,8 @@ estimate of the data they sent more than once.
 		if c.window < 1 || c.window > 256 {
 			return nil, bad("-window %d: want 1..256", c.window)
 		}
-		if c.drain <= 0 || c.drain > mcMaxDuration {
-			return nil, bad("-drain %v: want a positive duration up to %v", c.drain, mcMaxDuration)
+		if c.drain <= 0 || c.drain > maxRunTime {
+			return nil, bad("-drain %v: want a positive duration up to %v", c.drain, maxRunTime)
 		}
 		if c.ef.umemGather, err = umemGatherFlag(fs, c.umem, *umemGather); err != nil {
 			return nil, err
@@ -302,7 +300,7 @@ estimate of the data they sent more than once.
 				return nil, bad("-start-at %s: more than 10 minutes ahead", *startAt)
 			}
 		}
-		for _, f := range []string{"recvs", "max-size", "unexpected-bytes", "sample"} {
+		for _, f := range []string{"recvs", "max-size", "unexpected-bytes", "sample", "pull-blocks"} {
 			if set[f] {
 				return nil, bad("-%s is a server flag (this is -role clients)", f)
 			}
@@ -312,8 +310,8 @@ estimate of the data they sent more than once.
 	default:
 		return nil, bad("-role %q: want server or clients", c.role)
 	}
-	if c.duration < 0 || c.duration > mcMaxDuration {
-		return nil, bad("-duration %v: want a positive duration up to %v", c.duration, mcMaxDuration)
+	if c.duration < 0 || c.duration > maxRunTime {
+		return nil, bad("-duration %v: want a positive duration up to %v", c.duration, maxRunTime)
 	}
 	if c.minRTO < 0 || c.minRTO > time.Second {
 		return nil, bad("-min-rto %v: want 0..1s", c.minRTO)
@@ -492,7 +490,7 @@ func mcServe(c *mcConfig) error {
 			rep.Messages++
 			rep.Bytes += uint64(st.XferLen)
 			bin := int(now.Sub(first) / mcSeriesBin)
-			if bin < int(mcMaxDuration/mcSeriesBin) {
+			if bin < int(maxRunTime/mcSeriesBin) {
 				for len(rep.SeriesBytes) <= bin {
 					rep.SeriesBytes = append(rep.SeriesBytes, 0)
 				}
@@ -556,7 +554,7 @@ func (s *mcSampler) run(ctx context.Context, e *msglayer.Endpoint, every time.Du
 		if metrics.Read(heap); heap[0].Value.Kind() == metrics.KindUint64 {
 			v := heap[0].Value.Uint64()
 			s.heapMax = max(s.heapMax, v)
-			if sec := int(time.Since(start) / time.Second); sec < int(mcMaxDuration/time.Second) {
+			if sec := int(time.Since(start) / time.Second); sec < int(maxRunTime/time.Second) {
 				for len(s.heapSeries) <= sec {
 					s.heapSeries = append(s.heapSeries, 0)
 				}
@@ -746,7 +744,7 @@ func mcClients(c *mcConfig) error {
 	}
 	if !c.startAt.IsZero() {
 		if wait := time.Until(c.startAt); wait > 0 {
-			time.Sleep(min(wait, mcMaxDuration))
+			time.Sleep(min(wait, maxRunTime))
 		} else {
 			rep.StartLateS = -wait.Seconds()
 			fmt.Fprintf(os.Stderr, "xmx manyclients: connecting took until %.3f s after -start-at\n", rep.StartLateS)

@@ -35,6 +35,8 @@ func TestManyClientsFlagErrors(t *testing.T) {
 		{[]string{"-role", "clients", "-peer", "h1", "-start-at", "1e20"}, "-start-at"},
 		{[]string{"-role", "clients", "-peer", "h1", "-timeout", "-1s"}, "-timeout"},
 		{[]string{"-role", "clients", "-peer", "h1", "-recvs", "8"}, "-recvs is a server flag"},
+		{[]string{"-role", "clients", "-peer", "h1", "-pull-blocks", "8"}, "-pull-blocks is a server flag"},
+		{[]string{"-role", "server", "-sample", "1000h"}, "-sample"},
 		{[]string{"-role", "server", "-peer", "h1"}, "-peer is a clients flag"},
 		{[]string{"-role", "server", "-recvs", "0"}, "-recvs 0"},
 		{[]string{"-role", "server", "-recvs", "4096", "-max-size", "16M"}, "-recvs 4096 -max-size 16M"},

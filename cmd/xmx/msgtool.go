@@ -136,8 +136,8 @@ func (f *endpointFlags) validate() error {
 	default:
 		return fmt.Errorf("%w: -link %q: want auto, afxdp or afpacket", errUsage, f.link)
 	}
-	if f.timeout <= 0 {
-		return fmt.Errorf("%w: -timeout %v: must be positive", errUsage, f.timeout)
+	if f.timeout <= 0 || f.timeout > maxRunTime {
+		return fmt.Errorf("%w: -timeout %v: want a positive duration up to %v", errUsage, f.timeout, maxRunTime)
 	}
 	return nil
 }

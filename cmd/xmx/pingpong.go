@@ -136,11 +136,11 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	return nil
 }
 
-// pingSize measures round trips of one size.
 // maxIters bounds -n and -warmup: the round-trip times of a size are
 // kept (8 bytes each).
 const maxIters = 1 << 26
 
+// pingSize measures round trips of one size.
 func pingSize(ctx context.Context, watch *answerWatch, e *msglayer.Endpoint, peer msglayer.Addr, size, warmup, n int, sync, hist bool) (pingResult, error) {
 	watch.hold() // the time spent making the buffers is no silence
 	out, in := make([]byte, size), make([]byte, size)

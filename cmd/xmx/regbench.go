@@ -44,8 +44,10 @@ with a large enough RLIMIT_MEMLOCK.
 			return fmt.Errorf("%w: -sizes %s: a region to register has at least 1 byte", errUsage, *sizes)
 		}
 	}
-	if *minTime <= 0 {
-		return fmt.Errorf("%w: -time must be positive", errUsage)
+	// Each size takes about nine times -time (three figures, three
+	// rounds each).
+	if *minTime <= 0 || *minTime > maxRunTime {
+		return fmt.Errorf("%w: -time %v: want a positive duration up to %v", errUsage, *minTime, maxRunTime)
 	}
 	_, err := regcache.Fig6(os.Stdout, list, *minTime)
 	return err

@@ -65,8 +65,11 @@ second and the message rate.
 	if *window < 1 || *window > 256 {
 		return fmt.Errorf("%w: -window %d: want 1..256", errUsage, *window)
 	}
-	if *count < 0 || *dur <= 0 {
-		return fmt.Errorf("%w: -n must not be negative and -time must be positive", errUsage)
+	if *count < 0 || *count > maxIters {
+		return fmt.Errorf("%w: -n %d: want 0..%d", errUsage, *count, maxIters)
+	}
+	if *dur <= 0 || *dur > maxRunTime {
+		return fmt.Errorf("%w: -time %v: want a positive duration up to %v", errUsage, *dur, maxRunTime)
 	}
 	if *warmup < 0 || *warmup > maxIters {
 		return fmt.Errorf("%w: -warmup %d: want 0..%d", errUsage, *warmup, maxIters)
