@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -33,7 +34,9 @@ type Fig6Result struct {
 // a copy of that many bytes between two heap buffers, and Acquire+Release
 // of a heap buffer already in a Cache. Each cost is timed for at least
 // minTime in total (three rounds, the fastest is kept: the machine may be
-// shared). It prints the table to w (if not nil) and returns it.
+// shared). The rows come in increasing size, whatever the order of sizes
+// (each size once), so that the crossover is the smallest. It prints the
+// table to w (if not nil) and returns it.
 //
 // Registration needs mlock: an unprivileged process needs RLIMIT_MEMLOCK
 // above the largest size (plus a page).
@@ -41,6 +44,7 @@ func Fig6(w io.Writer, sizes []int, minTime time.Duration) (Fig6Result, error) {
 	if len(sizes) == 0 {
 		sizes = Fig6Sizes
 	}
+	sizes = slices.Compact(slices.Sorted(slices.Values(sizes)))
 	if minTime <= 0 {
 		minTime = 300 * time.Millisecond
 	}

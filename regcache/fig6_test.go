@@ -67,13 +67,23 @@ func BenchmarkCacheHitMany(b *testing.B) {
 func TestFig6(t *testing.T) {
 	needMlock(t, 64<<10)
 	var out bytes.Buffer
-	res, err := Fig6(&out, []int{64, 4096, 64 << 10}, 6*time.Millisecond)
+	// Given out of order and twice, measured once each in increasing
+	// order: the crossover is the smallest size where a copy costs more.
+	res, err := Fig6(&out, []int{64 << 10, 64, 4096, 64}, 6*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("\n%s", out.String())
-	if len(res.Rows) != 3 {
-		t.Fatalf("%d rows", len(res.Rows))
+	if len(res.Rows) != 3 || res.Rows[0].Size != 64 || res.Rows[1].Size != 4096 || res.Rows[2].Size != 64<<10 {
+		t.Fatalf("rows %+v, want 64 B, 4 KiB, 64 KiB", res.Rows)
+	}
+	for _, r := range res.Rows {
+		if r.MemcpyNs > r.RegisterNs {
+			if res.Crossover != r.Size {
+				t.Fatalf("crossover %d, want %d (rows %+v)", res.Crossover, r.Size, res.Rows)
+			}
+			break
+		}
 	}
 	for _, r := range res.Rows {
 		if r.RegisterNs <= 0 || r.MemcpyNs <= 0 || r.CacheHitNs <= 0 {
