@@ -665,10 +665,17 @@ const (
 	maxRecvBytesHelp    = "server: most bytes of receive buffers it keeps posted (`size` in bytes; k, M, G suffixes): a client's window + 4 receives of its largest size must fit"
 )
 
-// checkMaxRecvBytes checks the server's -max-recv-bytes.
-func checkMaxRecvBytes(n int) error {
-	if n < minMaxRecvBytes {
-		return fmt.Errorf("%w: -max-recv-bytes %d: want at least %d", errUsage, n, minMaxRecvBytes)
+// checkServerLimits checks the server's -max-recv-bytes, and that a
+// session asking for -max-size messages, one at a time, fits in it: a
+// -max-size no session could have is a mistake in the command line, not
+// a refusal to find in every client's hello.
+func checkServerLimits(maxSize, maxRecvBytes int) error {
+	if maxRecvBytes < minMaxRecvBytes {
+		return fmt.Errorf("%w: -max-recv-bytes %d: want at least %d", errUsage, maxRecvBytes, minMaxRecvBytes)
+	}
+	if need := sessionRecvBytes(maxSize, 1); need > maxRecvBytes {
+		return fmt.Errorf("%w: -max-size %d -max-recv-bytes %d: a session of -max-size messages needs %d bytes of receives (%d of them): raise -max-recv-bytes or lower -max-size",
+			errUsage, maxSize, maxRecvBytes, need, sessionReceives(1))
 	}
 	return nil
 }

@@ -69,7 +69,7 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 	if *iters <= 0 || *iters > maxIters || *warmup < 0 || *warmup > maxIters {
 		return fmt.Errorf("%w: -n %d -warmup %d: want 1 <= n <= %d and 0 <= warmup <= %d", errUsage, *iters, *warmup, maxIters, maxIters)
 	}
-	if err := checkMaxRecvBytes(maxRecvBytes.n); err != nil {
+	if err := checkServerLimits(maxSize.n, maxRecvBytes.n); err != nil {
 		return err
 	}
 	list, err := parseSizes(*sizes, start.n, end.n, *mult)

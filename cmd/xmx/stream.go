@@ -74,7 +74,7 @@ second and the message rate.
 	if *warmup < 0 || *warmup > maxIters {
 		return fmt.Errorf("%w: -warmup %d: want 0..%d", errUsage, *warmup, maxIters)
 	}
-	if err := checkMaxRecvBytes(maxRecvBytes.n); err != nil {
+	if err := checkServerLimits(maxSize.n, maxRecvBytes.n); err != nil {
 		return err
 	}
 	list, err := parseSizes(*sizes, start.n, end.n, *mult)

@@ -142,6 +142,8 @@ func TestArgErrors(t *testing.T) {
 		{runStream, []string{"-max-size", "5G"}, "-max-size"},
 		{runStream, []string{"-max-recv-bytes", "64k"}, "-max-recv-bytes 65536"},
 		{runPingPong, []string{"-max-recv-bytes", "5G"}, "-max-recv-bytes"},
+		{runPingPong, []string{"-max-size", "1G"}, "-max-size 1073741824 -max-recv-bytes 536870912"},
+		{runStream, []string{"-max-size", "1M", "-max-recv-bytes", "1M"}, "-max-size 1048576 -max-recv-bytes 1048576"},
 		{runStream, []string{"-umem", "-sizes", "2G", "02:78:6d:00:00:02"}, "-umem"},
 		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02"}, "-peer-ep"},
 		{runPingPong, []string{"-peer-ep", "5", "02:78:6d:00:00:02:4"}, "-peer-ep"},
