@@ -40,6 +40,13 @@ var commands = map[string]command{
 // errUsage marks errors in the command line (exit status 2).
 var errUsage = errors.New("usage")
 
+// usageMessage is a usage error's message without the mark: the mark
+// says where the error lies (the exit status), the message what it is.
+// The mark goes wherever a wrapper put it ("endpoint 3: usage: -i ...").
+func usageMessage(err error) string {
+	return strings.Replace(err.Error(), errUsage.Error()+": ", "", 1)
+}
+
 // maxRunTime bounds every flag that sets how long a measurement runs
 // (-time, -duration, -stream-time, -drain): every loop of xmx ends by
 // itself.
@@ -103,9 +110,7 @@ func main() {
 			return
 		}
 		if errors.Is(err, errUsage) {
-			// The mark says where the error lies; the message says what.
-			msg := strings.TrimPrefix(err.Error(), errUsage.Error()+": ")
-			fmt.Fprintf(os.Stderr, "xmx %s: %s (xmx %s -h lists the flags)\n", os.Args[1], msg, os.Args[1])
+			fmt.Fprintf(os.Stderr, "xmx %s: %s (xmx %s -h lists the flags)\n", os.Args[1], usageMessage(err), os.Args[1])
 			os.Exit(2)
 		}
 		fmt.Fprintf(os.Stderr, "xmx %s: %v\n", os.Args[1], err)

@@ -710,6 +710,9 @@ func mcClients(c *mcConfig) error {
 	}()
 	for i := range c.clients {
 		e, err := c.mcOpen(uint8(int(c.ef.ep) + i))
+		if errors.Is(err, errUsage) {
+			return err // the command line's, not the endpoint's
+		}
 		if err != nil {
 			return fmt.Errorf("endpoint %d: %w", int(c.ef.ep)+i, err)
 		}

@@ -66,6 +66,20 @@ func TestManyClientsFlagErrors(t *testing.T) {
 	}
 }
 
+// TestManyClientsBadInterface: an -i that names no interface is the
+// command line's error, said once, not the first endpoint's.
+func TestManyClientsBadInterface(t *testing.T) {
+	netlab.RequirePrivileged(t) // xmx manyclients refuses to run without root before it opens an endpoint
+	c, err := parseManyClients([]string{"-role", "clients", "-peer", "h1", "-i", "xmxnosuch0"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = mcClients(c)
+	if !errors.Is(err, errUsage) || !strings.HasPrefix(usageMessage(err), "-i xmxnosuch0: no such interface") {
+		t.Errorf("mcClients with -i xmxnosuch0: %v; want the usage error of -i", err)
+	}
+}
+
 func TestManyClientsFlagDefaults(t *testing.T) {
 	c, err := parseManyClients([]string{"-role", "clients", "-peer", "h1", "-n", "32", "-start-at", "1700000000.5"}, io.Discard)
 	if err != nil {

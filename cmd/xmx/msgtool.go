@@ -187,7 +187,10 @@ func defaultInterface() (string, error) {
 			up = append(up, ifi.Name)
 		}
 	}
-	if len(up) != 1 {
+	if len(up) == 0 {
+		return "", fmt.Errorf("%w: no -i given and no interface but loopback is up: name one with -i", errUsage)
+	}
+	if len(up) > 1 {
 		return "", fmt.Errorf("%w: no -i given and %d interfaces are up (%s): name one with -i", errUsage, len(up), strings.Join(up, ", "))
 	}
 	return up[0], nil

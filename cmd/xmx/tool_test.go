@@ -167,6 +167,23 @@ func TestArgErrors(t *testing.T) {
 	}
 }
 
+// TestUsageMessage: main prints a usage error without its mark, also
+// when a wrapper put the mark inside (a review found "endpoint 1: usage:
+// -i eth9: ..." from xmx manyclients).
+func TestUsageMessage(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("%w: -n 0: want 1..255", errUsage), "-n 0: want 1..255"},
+		{fmt.Errorf("endpoint 1: %w", fmt.Errorf("%w: -i eth9: no such interface", errUsage)), "endpoint 1: -i eth9: no such interface"},
+	} {
+		if got := usageMessage(c.err); got != c.want {
+			t.Errorf("usageMessage(%q) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}
+
 // TestParseFlags checks that a bad flag is a usage error naming it, with
 // nothing printed (main prints it once), and that only -h prints the
 // command's usage.
@@ -234,9 +251,7 @@ func TestErrorsSayWhatToDo(t *testing.T) {
 			t.Errorf("xmx %q printed %d lines, want one:\n%s", c.args, strings.Count(stderr, "\n"), stderr)
 		}
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("the rest needs root: an interface check, and a run as another user")
-	}
+	netlab.RequirePrivileged(t) // the rest: an interface check, and a run as another user
 	// A name that names no interface is a bad flag (exit 2), like any.
 	if code, stderr := run(nil, "pingpong", "-i", "nosuch0"); code != 2 || !strings.Contains(stderr, "-i nosuch0: no such interface (see ip link)") {
 		t.Errorf("an unknown interface: exit %d, %q", code, stderr)
