@@ -2,6 +2,7 @@ package xdp
 
 import (
 	"bytes"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -59,12 +60,18 @@ type MemConfig struct {
 	// fails with ErrNoBufferSpace, and a Free makes room again. 0 means
 	// no bound. It is fixed when the segment is made: SetConfig ignores it.
 	BufferBytes int
+
+	// SendWait is how long a send waits on a link whose transmit is
+	// stalled (StallTx) before it fails with ErrTxStalled; 0 means 1 s, as
+	// the AF_XDP link's default.
+	SendWait time.Duration
 }
 
 const (
 	memDefaultMTU      = 1500
 	memDefaultQueueLen = 4096
 	memDefaultSeed     = 0x786d78 // "xmx"
+	memDefaultSendWait = time.Second
 
 	// memReorderHold bounds how long a frame picked for reordering waits
 	// for the next frame on its path before it is delivered anyway.
@@ -77,6 +84,7 @@ type memConf struct {
 	loss, reorder, dup float64
 	delay, jitter      int64
 	queueLen           int
+	sendWait           time.Duration
 	mode               string // Info().Mode
 }
 
@@ -95,9 +103,13 @@ func newMemConf(cfg MemConfig) *memConf {
 		delay:    int64(max(cfg.Delay, 0)),
 		jitter:   int64(max(cfg.Jitter, 0)),
 		queueLen: cfg.QueueLen,
+		sendWait: cfg.SendWait,
 	}
 	if c.queueLen <= 0 {
 		c.queueLen = memDefaultQueueLen
+	}
+	if c.sendWait <= 0 {
+		c.sendWait = memDefaultSendWait
 	}
 	var knobs []string
 	pct := func(name string, p float64) {
@@ -202,12 +214,13 @@ func (h *Hub) Attach() *MemLink {
 	old := h.ports.Load()
 	index := len(old.links)
 	l := &MemLink{
-		hub:   h,
-		index: index,
-		name:  "mem" + strconv.Itoa(index),
-		done:  make(chan struct{}),
-		wake:  make(chan struct{}, 1),
-		rng:   rand.New(rand.NewPCG(h.seed, uint64(index))),
+		hub:      h,
+		index:    index,
+		name:     "mem" + strconv.Itoa(index),
+		done:     make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		txResume: make(chan struct{}, 1),
+		rng:      rand.New(rand.NewPCG(h.seed, uint64(index))),
 	}
 	n := uint32(index + 1)
 	l.mac = [6]byte{0x02, 0x00, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}
@@ -361,6 +374,7 @@ type memStats struct {
 	rxTruncated                 atomic.Uint64 // by Recv of this link
 	injectedLoss, injectedDup   atomic.Uint64 // by Send of this link
 	injectedReorder, queueDrops atomic.Uint64 // reorder: by Send of this link; drops: by Sends of other links
+	txErrors                    atomic.Uint64 // by Send of this link: sends that gave up on a stalled transmit
 }
 
 // MemLink is an in-memory [Link], one port of a [Hub]. Make one with
@@ -383,6 +397,11 @@ type MemLink struct {
 	// partitioned cuts the link off the segment: frames to and from it are
 	// lost (counted in the sender's InjectedLoss).
 	partitioned atomic.Bool
+
+	// txStalled holds the link's sends (StallTx); txResume, of capacity 1,
+	// carries a token from StallTx(false) to a send waiting.
+	txStalled atomic.Bool
+	txResume  chan struct{}
 
 	// wake, of capacity 1, carries a token from a sender to a Recv waiting
 	// for frames (see waiting).
@@ -446,13 +465,51 @@ func (l *MemLink) Hub() *Hub { return l.hub }
 // queued for it stay queued.
 func (l *MemLink) Partition(cut bool) { l.partitioned.Store(cut) }
 
+// StallTx stops the link's transmit (stall true), as a kernel that stopped
+// draining a NIC's transmit ring (interface down, queue stuck), or starts
+// it again (stall false). While stalled, a send waits before its next
+// frame; one that waited MemConfig.SendWait fails with ErrTxStalled,
+// having sent the frames before, and is counted in Stats.TxErrors. Close
+// ends the wait with net.ErrClosed. Receiving is not affected.
+func (l *MemLink) StallTx(stall bool) {
+	l.txStalled.Store(stall)
+	if !stall {
+		select {
+		case l.txResume <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// waitTx waits while the transmit is stalled. l.sendMu is held: the
+// link's other sends wait behind this one, as behind a full ring.
+func (l *MemLink) waitTx(wait time.Duration) error {
+	var timer *time.Timer
+	for l.txStalled.Load() {
+		if timer == nil {
+			timer = time.NewTimer(wait)
+			defer timer.Stop()
+		}
+		select {
+		case <-l.txResume: // look again: stalled anew, or a stale token
+		case <-l.done:
+			return net.ErrClosed
+		case <-timer.C:
+			l.stats.txErrors.Add(1)
+			return fmt.Errorf("transmit stalled for %v: %w", wait, ErrTxStalled)
+		}
+	}
+	return nil
+}
+
 func (l *MemLink) opErr(op string, err error) error {
 	return &OpError{Op: op, Interface: l.name, Err: err}
 }
 
 // Send implements [Link]. It copies each frame into each receiver's queue
-// and never waits: a full receiving queue drops the frame (counted in the
-// receiver's Stats.QueueDrops), like a NIC ring. A frame shorter than an
+// and waits only while the transmit is stalled (StallTx): a full receiving
+// queue drops the frame (counted in the receiver's Stats.QueueDrops), like
+// a NIC ring. A frame shorter than an
 // Ethernet header or longer than MaxFrameLen stops the batch.
 func (l *MemLink) Send(frames [][]byte) (int, error) {
 	l.sendMu.Lock()
@@ -581,6 +638,11 @@ func (l *MemLink) sendBuiltLocked(n int, b Builder) (int, error) {
 	for i := 0; i < n; i++ {
 		if l.closed.Load() {
 			return sent, l.opErr("send", net.ErrClosed)
+		}
+		if l.txStalled.Load() {
+			if err := l.waitTx(c.sendWait); err != nil {
+				return sent, l.opErr("send", err)
+			}
 		}
 		f := h.pool.Get().(*memFrame)
 		if cap(f.buf) < maxLen {
@@ -949,6 +1011,7 @@ func (l *MemLink) Stats() Stats {
 		InjectedDuplicate: s.injectedDup.Load(),
 		InjectedReorder:   s.injectedReorder.Load(),
 		QueueDrops:        s.queueDrops.Load(),
+		TxErrors:          s.txErrors.Load(),
 	}
 }
 

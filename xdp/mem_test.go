@@ -741,3 +741,70 @@ func TestMemBufferBytes(t *testing.T) {
 		t.Fatalf("AllocBuffer(1) on a full area = %v, want ErrNoBufferSpace", err)
 	}
 }
+
+// TestMemStallTx: a stalled link's send waits, goes on when the transmit
+// starts again, fails with ErrTxStalled after SendWait (counted in
+// TxErrors, the frames before it sent), and ends with net.ErrClosed when
+// the link is closed; receiving goes on meanwhile.
+func TestMemStallTx(t *testing.T) {
+	a, b := NewPair(MemConfig{SendWait: 30 * time.Millisecond})
+	defer b.Close()
+	f := memFrameTo(b.HardwareAddr(), a.HardwareAddr(), 1, 64)
+	back := memFrameTo(a.HardwareAddr(), b.HardwareAddr(), 2, 64)
+
+	a.StallTx(true)
+	start := time.Now()
+	n, err := a.Send([][]byte{f, f})
+	if n != 0 || !errors.Is(err, ErrTxStalled) {
+		t.Fatalf("Send while stalled = %d, %v; want 0, ErrTxStalled", n, err)
+	}
+	if d := time.Since(start); d < 30*time.Millisecond {
+		t.Errorf("Send gave up after %v, before SendWait (30ms)", d)
+	}
+	if s := a.Stats(); s.TxErrors != 1 || s.TxFrames != 0 {
+		t.Errorf("TxErrors %d, TxFrames %d; want 1, 0", s.TxErrors, s.TxFrames)
+	}
+	// The stalled link still receives.
+	if n, err := b.Send([][]byte{back}); n != 1 || err != nil {
+		t.Fatalf("Send to the stalled link = %d, %v", n, err)
+	}
+	if got := memDrain(t, a, 0); len(got) != 1 || got[0] != 2 {
+		t.Errorf("the stalled link received %v, want [2]", got)
+	}
+
+	// A send waiting goes on when the transmit starts again.
+	done := make(chan error, 1)
+	go func() {
+		n, err := a.Send([][]byte{f})
+		if err == nil && n != 1 {
+			err = errors.New("sent none")
+		}
+		done <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	a.StallTx(false)
+	if err := <-done; err != nil {
+		t.Fatalf("Send after the stall ended: %v", err)
+	}
+	if got := memDrain(t, b, 0); len(got) != 1 || got[0] != 1 {
+		t.Errorf("received %v after the stall, want [1]", got)
+	}
+
+	// Close ends a send waiting, with net.ErrClosed, long before SendWait.
+	a.Hub().SetConfig(MemConfig{SendWait: time.Hour})
+	a.StallTx(true)
+	go func() {
+		_, err := a.Send([][]byte{f})
+		done <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	a.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Errorf("a stalled Send ended by Close: %v, want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end a stalled Send")
+	}
+}
