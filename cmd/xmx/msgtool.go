@@ -297,24 +297,59 @@ func serve(e *msglayer.Endpoint, maxSize, maxRecvBytes int, once bool, log io.Wr
 	if err := pool.grow(4, pool.size); err != nil {
 		return err
 	}
-	reply := make([]byte, 16)
+	// The answers are sent through the group too, and the loop does not
+	// wait for them: a client that died, or is slow to pull a large pong,
+	// holds up no other client. A pong's receive is posted again once the
+	// pong, sent from its buffer, is done.
+	send := func(to msglayer.Addr, m uint64, data []byte, what string, slot *recvSlot) error {
+		ss := &serverSend{what: what, to: to}
+		if slot != nil {
+			ss = &slot.answer // no allocation per pong
+			*ss = serverSend{what: what, to: to, slot: slot}
+		}
+		s, err := pool.grp.Isend(to, m, [][]byte{data}, ss)
+		if err != nil {
+			fmt.Fprintf(log, "xmx server: %s to %v: %v\n", what, to, err)
+		} else if done, _ := e.Ibuffered(s); done {
+			// Copied out (small messages at once): let it go, and take
+			// the next message without waiting for the ack it brings.
+			e.Forget(s)
+		} else if slot != nil {
+			return nil // posted again when the send is done
+		}
+		if slot != nil && !slot.retired {
+			return pool.post(slot)
+		}
+		return nil
+	}
 	for {
 		st, err := pool.grp.Wait(ctx)
 		if errors.Is(err, context.Canceled) {
 			return nil
+		}
+		if ss, ok := st.Context.(*serverSend); ok {
+			if err != nil {
+				fmt.Fprintf(log, "xmx server: %s to %v: %v\n", ss.what, ss.to, err)
+			}
+			if ss.slot != nil && !ss.slot.retired {
+				if err := pool.post(ss.slot); err != nil {
+					return err
+				}
+			}
+			continue
 		}
 		slot, isRecv := st.Context.(*recvSlot)
 		if isRecv && st.Code == msglayer.Cancelled {
 			continue // a receive grow took back
 		}
 		if err != nil && st.Code != msglayer.Truncated {
-			if st.Context == nil {
+			if !isRecv {
 				return err
 			}
 			fmt.Fprintf(log, "xmx server: %v\n", err)
 		}
 		if !isRecv {
-			continue // a send of ours
+			continue
 		}
 		kind, data := st.Match>>kindShift, slot.buf[:st.XferLen]
 		switch kind {
@@ -333,25 +368,15 @@ func serve(e *msglayer.Endpoint, maxSize, maxRecvBytes int, once bool, log io.Wr
 			} else {
 				streams[st.Source] = &stream{}
 			}
-			if err := sendWait(ctx, e, st.Source, match(kindHelloAck, 0), ack); err != nil {
-				fmt.Fprintf(log, "xmx server: hello from %v: %v\n", st.Source, err)
+			if err := send(st.Source, match(kindHelloAck, 0), ack, "hello answer", nil); err != nil {
+				return err
 			}
 		case kindPing:
-			// The buffer must stay until the pong is sent: a pong already
-			// copied out (buffered, as small ones are at once) is let go
-			// (Forget), and the next ping is taken without waiting for
-			// its ack, which that ping brings.
-			s, err := e.Isend(st.Source, match(kindPong, st.Match), [][]byte{data}, nil)
-			if err == nil {
-				if done, _ := e.Ibuffered(s); done {
-					e.Forget(s)
-				} else {
-					_, err = e.Wait(ctx, s)
-				}
+			// The pong is sent from the ping's buffer.
+			if err := send(st.Source, match(kindPong, st.Match), data, "pong", slot); err != nil {
+				return err
 			}
-			if err != nil {
-				fmt.Fprintf(log, "xmx server: pong to %v: %v\n", st.Source, err)
-			}
+			continue
 		case kindStream:
 			if s := streams[st.Source]; s != nil {
 				s.msgs++
@@ -362,11 +387,12 @@ func serve(e *msglayer.Endpoint, maxSize, maxRecvBytes int, once bool, log io.Wr
 			if s == nil {
 				s = &stream{}
 			}
+			reply := make([]byte, 16) // until the answer is sent
 			binary.BigEndian.PutUint64(reply[0:], s.msgs)
 			binary.BigEndian.PutUint64(reply[8:], s.bytes)
 			*s = stream{}
-			if err := sendWait(ctx, e, st.Source, match(kindStreamAck, 0), reply); err != nil {
-				fmt.Fprintf(log, "xmx server: stream end to %v: %v\n", st.Source, err)
+			if err := send(st.Source, match(kindStreamAck, 0), reply, "stream end answer", nil); err != nil {
+				return err
 			}
 		case kindBye:
 			delete(streams, st.Source)
@@ -381,6 +407,15 @@ func serve(e *msglayer.Endpoint, maxSize, maxRecvBytes int, once bool, log io.Wr
 			}
 		}
 	}
+}
+
+// serverSend is the context of a send of the server's: what it answers,
+// to whom, and the receive whose buffer it is sent from (a pong's), to be
+// posted again once it is done.
+type serverSend struct {
+	what string
+	to   msglayer.Addr
+	slot *recvSlot
 }
 
 // sessionReceives is how many receives the server posts for a session
@@ -408,7 +443,8 @@ type recvPool struct {
 type recvSlot struct {
 	buf     []byte
 	req     msglayer.Request
-	retired bool // taken out of the pool: not posted again
+	retired bool       // taken out of the pool: not posted again
+	answer  serverSend // the context of the pong sent from buf
 }
 
 // post posts slot's receive, with a buffer of the pool's size.

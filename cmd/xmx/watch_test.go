@@ -249,3 +249,49 @@ func TestWatchEndsForgottenSession(t *testing.T) {
 		t.Errorf("ended after %v, with -timeout 2s", d)
 	}
 }
+
+// TestServeDeadClientHoldsNoOne: a client that dies while the server's
+// large pong to it waits to be pulled does not hold up the server's other
+// clients (found by a review: the server waited for that pong, until it
+// gave the dead client up, 5 s later, before it took another message).
+func TestServeDeadClientHoldsNoOne(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{MTU: 9000})
+	ls, la, lb := hub.Attach(), hub.Attach(), hub.Attach()
+	t.Cleanup(func() { ls.Close(); la.Close(); lb.Close() })
+	open := func(l xdp.Link, id uint8) *msglayer.Endpoint {
+		e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: id, Key: uint32(id)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	srv := open(ls, 2)
+	go serve(srv, 16<<20, defaultMaxRecvBytes, false, io.Discard)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, b := open(la, 1), open(lb, 3)
+	for _, c := range []*msglayer.Endpoint{a, b} {
+		if err := c.Connect(ctx, srv.Addr(), 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := hello(c, srv.Addr(), 1<<20, 1, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a's large ping, pulled whole by the server; then a dies before it
+	// pulls the pong.
+	if err := sendWait(ctx, a, srv.Addr(), match(kindPing, 0), make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	la.Partition(true)
+	start := time.Now()
+	watchCtx, watch := watchAnswers(b, srv.Addr(), 5*time.Second)
+	defer watch.stop()
+	if _, err := pingSize(watchCtx, watch, b, srv.Addr(), 8, 0, 3, false, false); err != nil {
+		t.Fatalf("ping-pong of another client: %v", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Errorf("another client's ping-pong took %v with the server's pong to a dead client pending", el)
+	}
+}
