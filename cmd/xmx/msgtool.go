@@ -603,7 +603,9 @@ func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duratio
 				if n := w.n.Load(); n != last || w.held.Load() {
 					last, since = n, now
 				}
+				known := false
 				for _, p := range e.Peers() {
+					known = known || p.Addr == peer
 					switch {
 					case p.Addr != peer:
 					case p.Dead:
@@ -618,6 +620,12 @@ func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duratio
 						cancel(fmt.Errorf("no answer from %v, and nothing heard from it, for %v (-timeout): has its server stopped?", peer, timeout))
 						return
 					}
+				}
+				// A peer record given up (evicted, or dropped after its
+				// death) says nothing more: the answers' silence decides.
+				if !known && now.Sub(since) >= timeout {
+					cancel(fmt.Errorf("no answer from %v for %v (-timeout), and it is no longer a peer of this endpoint: %w", peer, timeout, msglayer.ErrUnreachable))
+					return
 				}
 			}
 		}

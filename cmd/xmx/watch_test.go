@@ -295,3 +295,28 @@ func TestServeDeadClientHoldsNoOne(t *testing.T) {
 		t.Errorf("another client's ping-pong took %v with the server's pong to a dead client pending", el)
 	}
 }
+
+// TestWatchEndsUnknownPeer: the watch ends a measurement whose peer is no
+// peer of the endpoint (its record given up) once no answer came for
+// -timeout (found by a review: it never fired, the peer table being all
+// it looked at).
+func TestWatchEndsUnknownPeer(t *testing.T) {
+	l := xdp.NewHub(xdp.MemConfig{}).Attach()
+	t.Cleanup(func() { l.Close() })
+	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	nobody := msglayer.Addr{MAC: [6]byte{0x02, 0x78, 0x6d, 0, 0, 0x99}, EP: 4}
+	ctx, watch := watchAnswers(e, nobody, 200*time.Millisecond)
+	defer watch.stop()
+	select {
+	case <-ctx.Done():
+		if err := context.Cause(ctx); !errors.Is(err, msglayer.ErrUnreachable) {
+			t.Errorf("watch ended with %v, want ErrUnreachable", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch of a peer the endpoint does not know never ended")
+	}
+}
