@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -139,17 +140,23 @@ full-size frames (frames/s) received.
 	if err != nil {
 		return err
 	}
-	defer lab.Down()
-	// Tear the lab down on Ctrl-C too.
+	// Tear the lab down on Ctrl-C too. The signals stay caught until the
+	// teardown at the end is done: a Ctrl-C during it waits for it
+	// (downOnce) rather than kill the process with half a lab up.
+	var downOnce sync.Once
+	down := func() { downOnce.Do(func() { lab.Down() }) }
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		if _, ok := <-sig; ok {
-			lab.Down()
+			down()
 			os.Exit(130)
 		}
 	}()
-	defer signal.Stop(sig)
+	defer func() {
+		down()
+		signal.Stop(sig)
+	}()
 
 	h1, h2 := lab.Hosts[0], lab.Hosts[1]
 	rows := make([]*benchRow, len(chosen))

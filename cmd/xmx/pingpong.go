@@ -125,7 +125,9 @@ trip (p50, p99, mean, min, in µs) and the bandwidth it implies.
 			return fmt.Errorf("%d-byte messages: %w", size, err)
 		}
 		if *asJSON {
-			enc.Encode(res)
+			if err := enc.Encode(res); err != nil {
+				return fmt.Errorf("%d-byte messages: write the result: %w", size, err)
+			}
 			continue
 		}
 		fmt.Fprintf(out, "  %10d %9.2f %9.2f %9.2f %9.2f %11.2f\n", res.Size, res.P50us, res.P99us, res.MeanUs, res.MinUs, res.MBps)

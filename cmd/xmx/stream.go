@@ -166,7 +166,9 @@ second and the message rate.
 		}
 		res.UMEM, res.Sync = *umem, *sync
 		if *asJSON {
-			enc.Encode(res)
+			if err := enc.Encode(res); err != nil {
+				return fmt.Errorf("%d-byte messages: write the result: %w", size, err)
+			}
 			continue
 		}
 		fmt.Printf("  %10d %9d %10.3f %12.2f %12.0f\n", res.Size, res.Messages, res.Seconds, res.MBps, res.MsgRate)
