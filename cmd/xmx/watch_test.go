@@ -41,6 +41,17 @@ func servePair(t *testing.T, delay time.Duration, maxSize, maxRecvBytes int, log
 	return cl, srv
 }
 
+// openOn opens endpoint id, with key id, on l, closed at the test's end.
+func openOn(t *testing.T, l xdp.Link, id uint8) *msglayer.Endpoint {
+	t.Helper()
+	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: id, Key: uint32(id)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
 // watchPair is servePair's pair with the server's default bounds, and
 // the client's session begun.
 func watchPair(t *testing.T, delay time.Duration, size int) (cl, srv *msglayer.Endpoint) {
@@ -209,17 +220,9 @@ func TestWatchEndsForgottenSession(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	l0, l1 := hub.Attach(), hub.Attach()
 	t.Cleanup(func() { l0.Close(); l1.Close() })
-	open := func(l xdp.Link, id uint8) *msglayer.Endpoint {
-		e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: id, Key: uint32(id)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		return e
-	}
-	srv := open(l1, 2)
+	srv := openOn(t, l1, 2)
 	go serve(srv, 64<<10, defaultMaxRecvBytes, false, io.Discard)
-	cl := open(l0, 1)
+	cl := openOn(t, l0, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := cl.Connect(ctx, srv.Addr(), 2); err != nil {
@@ -238,7 +241,7 @@ func TestWatchEndsForgottenSession(t *testing.T) {
 	l1.Partition(true)
 	srv.Close()
 	l1.Partition(false)
-	srv2 := open(l1, 2) // the restarted server
+	srv2 := openOn(t, l1, 2) // the restarted server
 	go serve(srv2, 64<<10, defaultMaxRecvBytes, false, io.Discard)
 	start := time.Now()
 	_, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false)
@@ -258,19 +261,11 @@ func TestServeDeadClientHoldsNoOne(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{MTU: 9000})
 	ls, la, lb := hub.Attach(), hub.Attach(), hub.Attach()
 	t.Cleanup(func() { ls.Close(); la.Close(); lb.Close() })
-	open := func(l xdp.Link, id uint8) *msglayer.Endpoint {
-		e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: id, Key: uint32(id)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		return e
-	}
-	srv := open(ls, 2)
+	srv := openOn(t, ls, 2)
 	go serve(srv, 16<<20, defaultMaxRecvBytes, false, io.Discard)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	a, b := open(la, 1), open(lb, 3)
+	a, b := openOn(t, la, 1), openOn(t, lb, 3)
 	for _, c := range []*msglayer.Endpoint{a, b} {
 		if err := c.Connect(ctx, srv.Addr(), 2); err != nil {
 			t.Fatal(err)
@@ -303,11 +298,7 @@ func TestServeDeadClientHoldsNoOne(t *testing.T) {
 func TestWatchEndsUnknownPeer(t *testing.T) {
 	l := xdp.NewHub(xdp.MemConfig{}).Attach()
 	t.Cleanup(func() { l.Close() })
-	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := openOn(t, l, 1)
 	nobody := msglayer.Addr{MAC: [6]byte{0x02, 0x78, 0x6d, 0, 0, 0x99}, EP: 4}
 	ctx, watch := watchAnswers(e, nobody, 200*time.Millisecond)
 	defer watch.stop()
