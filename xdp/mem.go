@@ -251,14 +251,16 @@ func (h *Hub) SetConfig(cfg MemConfig) {
 func (h *Hub) Config() MemConfig {
 	c := h.cfg.Load()
 	return MemConfig{
-		MTU:       h.mtu,
-		Loss:      c.loss,
-		Reorder:   c.reorder,
-		Duplicate: c.dup,
-		Delay:     time.Duration(c.delay),
-		Jitter:    time.Duration(c.jitter),
-		QueueLen:  c.queueLen,
-		Seed:      int64(h.seed),
+		MTU:         h.mtu,
+		Loss:        c.loss,
+		Reorder:     c.reorder,
+		Duplicate:   c.dup,
+		Delay:       time.Duration(c.delay),
+		Jitter:      time.Duration(c.jitter),
+		QueueLen:    c.queueLen,
+		SendWait:    c.sendWait,
+		Seed:        int64(h.seed),
+		BufferBytes: h.lend,
 	}
 }
 

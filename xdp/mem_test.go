@@ -742,10 +742,52 @@ func TestMemBufferBytes(t *testing.T) {
 	}
 }
 
+// stallingBuilder builds frame over and over and stalls l's transmit
+// once the first is built.
+type stallingBuilder struct {
+	l     *MemLink
+	frame []byte
+}
+
+func (b *stallingBuilder) Build(i int, buf []byte) int {
+	if i == 0 {
+		b.l.StallTx(true)
+	}
+	return copy(buf, b.frame)
+}
+
+// TestHubConfig: Config returns every knob as the segment uses it,
+// defaults filled in, so that Config, a change, SetConfig changes only
+// that knob.
+func TestHubConfig(t *testing.T) {
+	h := NewHub(MemConfig{Loss: 2, QueueLen: -1, BufferBytes: 1 << 20, Seed: 7})
+	want := MemConfig{MTU: memDefaultMTU, Loss: 1, QueueLen: memDefaultQueueLen,
+		Seed: 7, BufferBytes: 1 << 20, SendWait: memDefaultSendWait}
+	if got := h.Config(); got != want {
+		t.Fatalf("Config() = %+v, want %+v", got, want)
+	}
+	set := MemConfig{MTU: 9000, Loss: 0.1, Reorder: 0.2, Duplicate: 0.3,
+		Delay: time.Millisecond, Jitter: 2 * time.Millisecond, QueueLen: 16,
+		SendWait: 5 * time.Second, Seed: 9, BufferBytes: 5}
+	h.SetConfig(set)
+	want = set
+	want.MTU, want.Seed, want.BufferBytes = memDefaultMTU, 7, 1<<20 // fixed at NewHub
+	if got := h.Config(); got != want {
+		t.Fatalf("Config() after SetConfig = %+v, want %+v", got, want)
+	}
+	cfg := h.Config()
+	cfg.Loss = 0
+	h.SetConfig(cfg)
+	want.Loss = 0
+	if got := h.Config(); got != want {
+		t.Fatalf("Config() after a round trip = %+v, want %+v", got, want)
+	}
+}
+
 // TestMemStallTx: a stalled link's send waits, goes on when the transmit
 // starts again, fails with ErrTxStalled after SendWait (counted in
-// TxErrors, the frames before it sent), and ends with net.ErrClosed when
-// the link is closed; receiving goes on meanwhile.
+// TxErrors, the frames before the stall sent), and ends with net.ErrClosed
+// when the link is closed; receiving goes on meanwhile.
 func TestMemStallTx(t *testing.T) {
 	a, b := NewPair(MemConfig{SendWait: 30 * time.Millisecond})
 	defer b.Close()
@@ -772,7 +814,9 @@ func TestMemStallTx(t *testing.T) {
 		t.Errorf("the stalled link received %v, want [2]", got)
 	}
 
-	// A send waiting goes on when the transmit starts again.
+	// A send waiting goes on when the transmit starts again (SendWait
+	// long enough for a test goroutine woken late).
+	a.Hub().SetConfig(MemConfig{SendWait: time.Hour})
 	done := make(chan error, 1)
 	go func() {
 		n, err := a.Send([][]byte{f})
@@ -790,9 +834,23 @@ func TestMemStallTx(t *testing.T) {
 		t.Errorf("received %v after the stall, want [1]", got)
 	}
 
+	// A stall that begins part-way through a batch: the frames before it
+	// are sent and counted, the rest wait, then fail.
+	a.Hub().SetConfig(MemConfig{SendWait: 30 * time.Millisecond})
+	stallAfter := &stallingBuilder{l: a, frame: f}
+	if n, err := a.SendBuilt(3, stallAfter); n != 1 || !errors.Is(err, ErrTxStalled) {
+		t.Fatalf("SendBuilt stalled after its first frame = %d, %v; want 1, ErrTxStalled", n, err)
+	}
+	if s := a.Stats(); s.TxErrors != 2 || s.TxFrames != 2 {
+		t.Errorf("TxErrors %d, TxFrames %d; want 2, 2", s.TxErrors, s.TxFrames)
+	}
+	if got := memDrain(t, b, 0); len(got) != 1 || got[0] != 1 {
+		t.Errorf("received %v from the batch stalled part-way, want [1]", got)
+	}
+
 	// Close ends a send waiting, with net.ErrClosed, long before SendWait.
 	a.Hub().SetConfig(MemConfig{SendWait: time.Hour})
-	a.StallTx(true)
+	a.StallTx(true) // still stalled from the batch: said again for the reader
 	go func() {
 		_, err := a.Send([][]byte{f})
 		done <- err
