@@ -119,8 +119,8 @@ full-size frames (frames/s) received.
 	if *mtu < 68 || *mtu > 65535 {
 		return fmt.Errorf("%w: -mtu %d: want 68..65535 (veth's range)", errUsage, *mtu)
 	}
-	if *streamTime <= 0 || *streamTime > maxRunTime {
-		return fmt.Errorf("%w: -stream-time %v: want a positive duration up to %v", errUsage, *streamTime, maxRunTime)
+	if err := checkRunTime("-stream-time", *streamTime, 0); err != nil {
+		return err
 	}
 	chosen, err := pickSystems(*systems)
 	if err != nil {
@@ -142,20 +142,23 @@ full-size frames (frames/s) received.
 	}
 	// Tear the lab down on Ctrl-C too. The signals stay caught until the
 	// teardown at the end is done: a Ctrl-C during it waits for it
-	// (downOnce) rather than kill the process with half a lab up.
-	var downOnce sync.Once
-	down := func() { downOnce.Do(func() { lab.Down() }) }
+	// (down runs once) rather than kill the process with half a lab up.
+	down := sync.OnceFunc(func() { lab.Down() })
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	finished := make(chan struct{})
 	go func() {
-		if _, ok := <-sig; ok {
+		select {
+		case <-sig:
 			down()
 			os.Exit(130)
+		case <-finished:
 		}
 	}()
 	defer func() {
 		down()
 		signal.Stop(sig)
+		close(finished)
 	}()
 
 	h1, h2 := lab.Hosts[0], lab.Hosts[1]

@@ -52,6 +52,19 @@ func usageMessage(err error) string {
 // itself.
 const maxRunTime = time.Hour
 
+// checkRunTime refuses a duration flag that is not positive, shorter than
+// least (0: any positive duration) or longer than maxRunTime.
+func checkRunTime(flag string, d, least time.Duration) error {
+	if d <= 0 || d < least || d > maxRunTime {
+		want := "a positive duration up to"
+		if least > 0 {
+			want = fmt.Sprintf("a duration from %v to", least)
+		}
+		return fmt.Errorf("%w: %s %v: want %s %v", errUsage, flag, d, want, maxRunTime)
+	}
+	return nil
+}
+
 // parseFlags parses a command's flags. A bad flag comes back as a usage
 // error, which main prints once with a pointer to -h; only -h itself
 // prints the flags (the flag package would print them after every error,

@@ -243,8 +243,8 @@ estimate of the data they sent more than once.
 		if c.recvs*c.recvSize > mcMaxRecvBytes {
 			return nil, bad("-recvs %d -max-size %s: %d receive buffers of %d bytes: more than 1 GiB", c.recvs, *maxSize, c.recvs, c.recvSize)
 		}
-		if c.sample <= 0 || c.sample > maxRunTime {
-			return nil, bad("-sample %v: want a positive duration up to %v", c.sample, maxRunTime)
+		if err := checkRunTime("-sample", c.sample, 0); err != nil {
+			return nil, err
 		}
 		for _, f := range []string{"n", "peer", "size", "window", "start-at", "drain", "rndv-threshold", "umem", "umem-gather", "buffer-per-client", "goroutine-per-client"} {
 			if set[f] {
@@ -270,8 +270,8 @@ estimate of the data they sent more than once.
 		if c.window < 1 || c.window > 256 {
 			return nil, bad("-window %d: want 1..256", c.window)
 		}
-		if c.drain <= 0 || c.drain > maxRunTime {
-			return nil, bad("-drain %v: want a positive duration up to %v", c.drain, maxRunTime)
+		if err := checkRunTime("-drain", c.drain, 0); err != nil {
+			return nil, err
 		}
 		if c.ef.umemGather, err = umemGatherFlag(fs, c.umem, *umemGather); err != nil {
 			return nil, err
@@ -310,8 +310,8 @@ estimate of the data they sent more than once.
 	default:
 		return nil, bad("-role %q: want server or clients", c.role)
 	}
-	if c.duration < 0 || c.duration > maxRunTime {
-		return nil, bad("-duration %v: want a positive duration up to %v", c.duration, maxRunTime)
+	if err := checkRunTime("-duration", c.duration, 0); err != nil {
+		return nil, err
 	}
 	if c.minRTO < 0 || c.minRTO > time.Second {
 		return nil, bad("-min-rto %v: want 0..1s", c.minRTO)
@@ -329,11 +329,8 @@ estimate of the data they sent more than once.
 }
 
 // mcOpen opens endpoint id with the flags' link settings and the given
-// protocol bounds.
+// protocol bounds. The caller checked the interface (checkInterface).
 func (c *mcConfig) mcOpen(id uint8) (*msglayer.Endpoint, error) {
-	if err := c.ef.checkInterface(); err != nil {
-		return nil, err
-	}
 	e, err := msglayer.Open(c.endpointConfig(id))
 	if err != nil {
 		return nil, err
@@ -416,6 +413,9 @@ type mcServerReport struct {
 // mcServe runs the server until a signal, -duration or -max-msgs.
 func mcServe(c *mcConfig) error {
 	if err := requireRoot("this command"); err != nil {
+		return err
+	}
+	if err := c.ef.checkInterface(); err != nil {
 		return err
 	}
 	e, err := c.mcOpen(uint8(c.ef.ep))
@@ -702,6 +702,9 @@ func mcClients(c *mcConfig) error {
 	if err := requireRoot("this command"); err != nil {
 		return err
 	}
+	if err := c.ef.checkInterface(); err != nil {
+		return err // the command line's, not an endpoint's
+	}
 	eps := make([]*msglayer.Endpoint, 0, c.clients)
 	defer func() {
 		for _, e := range eps {
@@ -710,9 +713,6 @@ func mcClients(c *mcConfig) error {
 	}()
 	for i := range c.clients {
 		e, err := c.mcOpen(uint8(int(c.ef.ep) + i))
-		if errors.Is(err, errUsage) {
-			return err // the command line's, not the endpoint's
-		}
 		if err != nil {
 			return fmt.Errorf("endpoint %d: %w", int(c.ef.ep)+i, err)
 		}

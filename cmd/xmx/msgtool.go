@@ -136,8 +136,9 @@ func (f *endpointFlags) validate() error {
 	default:
 		return fmt.Errorf("%w: -link %q: want auto, afxdp or afpacket", errUsage, f.link)
 	}
-	if f.timeout <= 0 || f.timeout > maxRunTime {
-		return fmt.Errorf("%w: -timeout %v: want a positive duration up to %v", errUsage, f.timeout, maxRunTime)
+	// At least a millisecond: the answer watch ticks at a quarter of it.
+	if err := checkRunTime("-timeout", f.timeout, time.Millisecond); err != nil {
+		return err
 	}
 	return nil
 }
@@ -302,10 +303,12 @@ func serve(e *msglayer.Endpoint, maxSize, maxRecvBytes int, once bool, log io.Wr
 	// holds up no other client. A pong's receive is posted again once the
 	// pong, sent from its buffer, is done.
 	send := func(to msglayer.Addr, m uint64, data []byte, what string, slot *recvSlot) error {
-		ss := &serverSend{what: what, to: to}
+		var ss *serverSend
 		if slot != nil {
 			ss = &slot.answer // no allocation per pong
 			*ss = serverSend{what: what, to: to, slot: slot}
+		} else {
+			ss = &serverSend{what: what, to: to}
 		}
 		s, err := pool.grp.Isend(to, m, [][]byte{data}, ss)
 		if err != nil {
@@ -617,7 +620,7 @@ func watchAnswers(e *msglayer.Endpoint, peer msglayer.Addr, timeout time.Duratio
 						cancel(fmt.Errorf("peer %v ended our session (its server restarted, or refused or forgot us): %w", peer, msglayer.ErrBadSession))
 						return
 					case now.Sub(since) >= timeout && p.LastHeard >= timeout:
-						cancel(fmt.Errorf("no answer from %v, and nothing heard from it, for %v (-timeout): has its server stopped?", peer, timeout))
+						cancel(fmt.Errorf("no answer from %v, and nothing heard from it, for %v (-timeout; has its server stopped?): %w", peer, timeout, msglayer.ErrUnreachable))
 						return
 					}
 				}

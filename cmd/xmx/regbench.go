@@ -46,8 +46,8 @@ with a large enough RLIMIT_MEMLOCK.
 	}
 	// Each size takes about nine times -time (three figures, three
 	// rounds each).
-	if *minTime <= 0 || *minTime > maxRunTime {
-		return fmt.Errorf("%w: -time %v: want a positive duration up to %v", errUsage, *minTime, maxRunTime)
+	if err := checkRunTime("-time", *minTime, 0); err != nil {
+		return err
 	}
 	_, err := regcache.Fig6(os.Stdout, list, *minTime)
 	return err

@@ -68,8 +68,8 @@ second and the message rate.
 	if *count < 0 || *count > maxIters {
 		return fmt.Errorf("%w: -n %d: want 0..%d", errUsage, *count, maxIters)
 	}
-	if *dur <= 0 || *dur > maxRunTime {
-		return fmt.Errorf("%w: -time %v: want a positive duration up to %v", errUsage, *dur, maxRunTime)
+	if err := checkRunTime("-time", *dur, 0); err != nil {
+		return err
 	}
 	if *warmup < 0 || *warmup > maxIters {
 		return fmt.Errorf("%w: -warmup %d: want 0..%d", errUsage, *warmup, maxIters)

@@ -108,6 +108,7 @@ func TestArgErrors(t *testing.T) {
 		{runPingPong, []string{"-n", "1000000000000000000"}, "-n"},
 		{runPingPong, []string{"-warmup", "9223372036854775807"}, "-warmup"},
 		{runPingPong, []string{"-timeout", "0s"}, "-timeout"},
+		{runPingPong, []string{"-timeout", "2ns"}, "-timeout"}, // the watch's ticker would be 0
 		{runPingPong, []string{"-mult", "NaN"}, "-mult"},
 		{runPingPong, []string{"-start", "0", "-end", "4095M", "-mult", "1.000001"}, "-mult"},
 		{runStream, []string{"-sizes", strings.Repeat("1k,", 1000) + "1k"}, "-sizes"},

@@ -22,17 +22,9 @@ func servePair(t *testing.T, delay time.Duration, maxSize, maxRecvBytes int, log
 	hub := xdp.NewHub(xdp.MemConfig{MTU: 9000, Delay: delay})
 	l0, l1 := hub.Attach(), hub.Attach()
 	t.Cleanup(func() { l0.Close(); l1.Close() })
-	srv, err := msglayer.Open(msglayer.Config{Link: l1, EndpointID: 2, Key: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv = openOn(t, l1, 2)
 	go serve(srv, maxSize, maxRecvBytes, false, log)
-	cl, err = msglayer.Open(msglayer.Config{Link: l0, EndpointID: 1, Key: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cl.Close() })
+	cl = openOn(t, l0, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := cl.Connect(ctx, srv.Addr(), 2); err != nil {
@@ -104,6 +96,45 @@ func TestWatchEndsSilentPeer(t *testing.T) {
 	}
 }
 
+// TestWatchEndsCutPeer: a server cut off the segment (nothing of it
+// heard, a ping in flight) ends the measurement after -timeout, not
+// before, as unreachable, well before msglayer gives the peer up.
+func TestWatchEndsCutPeer(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l0, l1 := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { l0.Close(); l1.Close() })
+	srv := openOn(t, l1, 2)
+	go serve(srv, 64<<20, defaultMaxRecvBytes, false, io.Discard)
+	cl := openOn(t, l0, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := cl.Connect(ctx, srv.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := hello(cl, srv.Addr(), 8, 1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 300 * time.Millisecond
+	wctx, watch := watchAnswers(cl, srv.Addr(), timeout)
+	defer watch.stop()
+	if _, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false); err != nil {
+		t.Fatal(err)
+	}
+	l1.Partition(true)
+	start := time.Now()
+	_, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false)
+	d := time.Since(start)
+	if err == nil || !strings.Contains(err.Error(), "-timeout") {
+		t.Fatalf("ping-pong with a cut server: %v", err)
+	}
+	if err := context.Cause(wctx); !errors.Is(err, msglayer.ErrUnreachable) {
+		t.Errorf("watch ended with %v, want ErrUnreachable", err)
+	}
+	if d < timeout || d > 5*time.Second {
+		t.Errorf("ended after %v, with -timeout %v", d, timeout)
+	}
+}
+
 // lockedBuffer is a buffer that a server goroutine writes and a test reads.
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -169,11 +200,7 @@ func TestRecvPool(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	l := hub.Attach()
 	t.Cleanup(func() { l.Close() })
-	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: 2, Key: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := openOn(t, l, 2)
 	p := &recvPool{e: e, grp: e.NewGroup(), size: 64 << 10, maxSize: 64 << 20, budget: 8 << 20}
 	if err := p.grow(4, p.size); err != nil {
 		t.Fatal(err)
@@ -300,10 +327,14 @@ func TestWatchEndsUnknownPeer(t *testing.T) {
 	t.Cleanup(func() { l.Close() })
 	e := openOn(t, l, 1)
 	nobody := msglayer.Addr{MAC: [6]byte{0x02, 0x78, 0x6d, 0, 0, 0x99}, EP: 4}
+	start := time.Now()
 	ctx, watch := watchAnswers(e, nobody, 200*time.Millisecond)
 	defer watch.stop()
 	select {
 	case <-ctx.Done():
+		if d := time.Since(start); d < 200*time.Millisecond {
+			t.Errorf("the watch ended after %v, before -timeout (200ms)", d)
+		}
 		if err := context.Cause(ctx); !errors.Is(err, msglayer.ErrUnreachable) {
 			t.Errorf("watch ended with %v, want ErrUnreachable", err)
 		}
