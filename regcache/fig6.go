@@ -63,16 +63,22 @@ func Fig6(w io.Writer, sizes []int, minTime time.Duration) (Fig6Result, error) {
 		}
 		res.Rows = append(res.Rows, row)
 	}
-	for _, r := range res.Rows {
-		if r.MemcpyNs > r.RegisterNs {
-			res.Crossover = r.Size
-			break
-		}
-	}
+	res.Crossover = fig6Crossover(res.Rows)
 	if w != nil {
 		res.Print(w)
 	}
 	return res, nil
+}
+
+// fig6Crossover returns the size of the first of rows, sorted by size,
+// where a memcpy costs more than a registration, or 0 if there is none.
+func fig6Crossover(rows []Fig6Row) int {
+	for _, r := range rows {
+		if r.MemcpyNs > r.RegisterNs {
+			return r.Size
+		}
+	}
+	return 0
 }
 
 // Print writes the table.

@@ -64,6 +64,27 @@ func BenchmarkCacheHitMany(b *testing.B) {
 	}
 }
 
+// TestFig6Crossover: the crossover is the smallest size where a copy
+// costs more than a registration, also when a larger size is cheaper
+// again (noise), and 0 when a copy is cheaper everywhere.
+func TestFig6Crossover(t *testing.T) {
+	row := func(size int, reg, cp float64) Fig6Row { return Fig6Row{Size: size, RegisterNs: reg, MemcpyNs: cp} }
+	for _, c := range []struct {
+		rows []Fig6Row
+		want int
+	}{
+		{nil, 0},
+		{[]Fig6Row{row(64, 900, 10), row(4096, 1000, 200)}, 0},
+		{[]Fig6Row{row(64, 900, 10), row(4096, 1000, 1000)}, 0}, // equal: not more
+		{[]Fig6Row{row(64, 900, 10), row(64<<10, 1100, 3000), row(1<<20, 1500, 40000)}, 64 << 10},
+		{[]Fig6Row{row(64, 900, 10), row(4096, 800, 900), row(64<<10, 5000, 3000), row(1<<20, 1500, 40000)}, 4096},
+	} {
+		if got := fig6Crossover(c.rows); got != c.want {
+			t.Errorf("fig6Crossover(%+v) = %d, want %d", c.rows, got, c.want)
+		}
+	}
+}
+
 func TestFig6(t *testing.T) {
 	needMlock(t, 64<<10)
 	var out bytes.Buffer
@@ -77,13 +98,8 @@ func TestFig6(t *testing.T) {
 	if len(res.Rows) != 3 || res.Rows[0].Size != 64 || res.Rows[1].Size != 4096 || res.Rows[2].Size != 64<<10 {
 		t.Fatalf("rows %+v, want 64 B, 4 KiB, 64 KiB", res.Rows)
 	}
-	for _, r := range res.Rows {
-		if r.MemcpyNs > r.RegisterNs {
-			if res.Crossover != r.Size {
-				t.Fatalf("crossover %d, want %d (rows %+v)", res.Crossover, r.Size, res.Rows)
-			}
-			break
-		}
+	if want := fig6Crossover(res.Rows); res.Crossover != want {
+		t.Fatalf("crossover %d, want %d (rows %+v)", res.Crossover, want, res.Rows)
 	}
 	for _, r := range res.Rows {
 		if r.RegisterNs <= 0 || r.MemcpyNs <= 0 || r.CacheHitNs <= 0 {
