@@ -22,6 +22,13 @@ func servePair(t *testing.T, delay time.Duration, maxSize, maxRecvBytes int, log
 	hub := xdp.NewHub(xdp.MemConfig{MTU: 9000, Delay: delay})
 	l0, l1 := hub.Attach(), hub.Attach()
 	t.Cleanup(func() { l0.Close(); l1.Close() })
+	return servePairOn(t, l0, l1, maxSize, maxRecvBytes, log)
+}
+
+// servePairOn is servePair on given links: the client on l0, the server
+// on l1.
+func servePairOn(t *testing.T, l0, l1 xdp.Link, maxSize, maxRecvBytes int, log io.Writer) (cl, srv *msglayer.Endpoint) {
+	t.Helper()
 	srv = openOn(t, l1, 2)
 	go serve(srv, maxSize, maxRecvBytes, false, log)
 	cl = openOn(t, l0, 1)
@@ -103,14 +110,7 @@ func TestWatchEndsCutPeer(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	l0, l1 := hub.Attach(), hub.Attach()
 	t.Cleanup(func() { l0.Close(); l1.Close() })
-	srv := openOn(t, l1, 2)
-	go serve(srv, 64<<20, defaultMaxRecvBytes, false, io.Discard)
-	cl := openOn(t, l0, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := cl.Connect(ctx, srv.Addr(), 2); err != nil {
-		t.Fatal(err)
-	}
+	cl, srv := servePairOn(t, l0, l1, 64<<20, defaultMaxRecvBytes, io.Discard)
 	if err := hello(cl, srv.Addr(), 8, 1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -247,14 +247,7 @@ func TestWatchEndsForgottenSession(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	l0, l1 := hub.Attach(), hub.Attach()
 	t.Cleanup(func() { l0.Close(); l1.Close() })
-	srv := openOn(t, l1, 2)
-	go serve(srv, 64<<10, defaultMaxRecvBytes, false, io.Discard)
-	cl := openOn(t, l0, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := cl.Connect(ctx, srv.Addr(), 2); err != nil {
-		t.Fatal(err)
-	}
+	cl, srv := servePairOn(t, l0, l1, 64<<10, defaultMaxRecvBytes, io.Discard)
 	if err := hello(cl, srv.Addr(), 8, 1, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
