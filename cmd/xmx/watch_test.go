@@ -51,6 +51,20 @@ func openOn(t *testing.T, l xdp.Link, id uint8) *msglayer.Endpoint {
 	return e
 }
 
+// sessionOnHub is watchPair's pair of 8-byte messages, without delay,
+// with a server taking maxSize, and the server's link.
+func sessionOnHub(t *testing.T, maxSize int) (cl, srv *msglayer.Endpoint, l1 *xdp.MemLink) {
+	t.Helper()
+	hub := xdp.NewHub(xdp.MemConfig{})
+	l0, l1 := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { l0.Close(); l1.Close() })
+	cl, srv = servePairOn(t, l0, l1, maxSize, defaultMaxRecvBytes, io.Discard)
+	if err := hello(cl, srv.Addr(), 8, 1, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return cl, srv, l1
+}
+
 // watchPair is servePair's pair with the server's default bounds, and
 // the client's session begun.
 func watchPair(t *testing.T, delay time.Duration, size int) (cl, srv *msglayer.Endpoint) {
@@ -107,13 +121,7 @@ func TestWatchEndsSilentPeer(t *testing.T) {
 // heard, a ping in flight) ends the measurement after -timeout, not
 // before, as unreachable, well before msglayer gives the peer up.
 func TestWatchEndsCutPeer(t *testing.T) {
-	hub := xdp.NewHub(xdp.MemConfig{})
-	l0, l1 := hub.Attach(), hub.Attach()
-	t.Cleanup(func() { l0.Close(); l1.Close() })
-	cl, srv := servePairOn(t, l0, l1, 64<<20, defaultMaxRecvBytes, io.Discard)
-	if err := hello(cl, srv.Addr(), 8, 1, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	cl, srv, l1 := sessionOnHub(t, 64<<20)
 	const timeout = 300 * time.Millisecond
 	wctx, watch := watchAnswers(cl, srv.Addr(), timeout)
 	defer watch.stop()
@@ -244,13 +252,7 @@ func TestRecvPool(t *testing.T) {
 // once, saying the server forgot the session, rather than after -timeout
 // blaming a stopped server.
 func TestWatchEndsForgottenSession(t *testing.T) {
-	hub := xdp.NewHub(xdp.MemConfig{})
-	l0, l1 := hub.Attach(), hub.Attach()
-	t.Cleanup(func() { l0.Close(); l1.Close() })
-	cl, srv := servePairOn(t, l0, l1, 64<<10, defaultMaxRecvBytes, io.Discard)
-	if err := hello(cl, srv.Addr(), 8, 1, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	cl, srv, l1 := sessionOnHub(t, 64<<10)
 	wctx, watch := watchAnswers(cl, srv.Addr(), 2*time.Second)
 	defer watch.stop()
 	if _, err := pingSize(wctx, watch, cl, srv.Addr(), 8, 0, 10, false, false); err != nil {
