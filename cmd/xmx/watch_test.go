@@ -51,8 +51,9 @@ func openOn(t *testing.T, l xdp.Link, id uint8) *msglayer.Endpoint {
 	return e
 }
 
-// sessionOnHub is watchPair's pair of 8-byte messages, without delay,
-// with a server taking maxSize, and the server's link.
+// sessionOnHub opens a server taking maxSize and a client on a fresh hub
+// without faults (MTU 1500), begins a session of 8-byte messages, and
+// returns the server's link too, for the test to cut or reuse.
 func sessionOnHub(t *testing.T, maxSize int) (cl, srv *msglayer.Endpoint, l1 *xdp.MemLink) {
 	t.Helper()
 	hub := xdp.NewHub(xdp.MemConfig{})
