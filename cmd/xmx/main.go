@@ -40,6 +40,11 @@ var commands = map[string]command{
 // errUsage marks errors in the command line (exit status 2).
 var errUsage = errors.New("usage")
 
+// errServerLimit marks a command line the server refuses by its own limits:
+// a usage error (exit status 2) whose message names the server's flag to
+// change, so the tool does not point at its own -h.
+var errServerLimit = fmt.Errorf("%w", errUsage)
+
 // usageMessage is a usage error's message without the mark: the mark
 // says where the error lies (the exit status), the message what it is.
 // The mark goes wherever a wrapper put it ("endpoint 3: usage: -i ...").
@@ -121,6 +126,10 @@ func main() {
 	if err := cmd.run(os.Args[2:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
+		}
+		if errors.Is(err, errServerLimit) {
+			fmt.Fprintf(os.Stderr, "xmx %s: %s\n", os.Args[1], usageMessage(err))
+			os.Exit(2)
 		}
 		if errors.Is(err, errUsage) {
 			fmt.Fprintf(os.Stderr, "xmx %s: %s (xmx %s -h lists the flags)\n", os.Args[1], usageMessage(err), os.Args[1])

@@ -557,7 +557,7 @@ func hello(e *msglayer.Endpoint, to msglayer.Addr, size, window int, timeout tim
 	}
 	if st.XferLen >= 8 {
 		if most := binary.BigEndian.Uint64(ack); uint64(size) > most {
-			return fmt.Errorf("%w: %d-byte messages: the server at %v takes at most %d (its -max-size): restart it with -max-size %d or more", errUsage, size, to, most, size)
+			return fmt.Errorf("%w: %d-byte messages: the server at %v takes at most %d (its -max-size): restart it with -max-size %d or more", errServerLimit, size, to, most, size)
 		}
 	}
 	if st.XferLen == 16 {
@@ -571,7 +571,7 @@ func hello(e *msglayer.Endpoint, to msglayer.Addr, size, window int, timeout tim
 			lower += fmt.Sprintf(", or restart it with -max-recv-bytes %d or more", need)
 		}
 		return fmt.Errorf("%w: %d-byte messages with a window of %d: the server at %v keeps at most %d bytes of receives posted (its -max-recv-bytes), and %d receives of %d bytes need %d: use %s",
-			errUsage, size, window, to, binary.BigEndian.Uint64(ack[8:]), sessionReceives(window), max(size, 64), need, lower)
+			errServerLimit, size, window, to, binary.BigEndian.Uint64(ack[8:]), sessionReceives(window), max(size, 64), need, lower)
 	}
 	return nil
 }

@@ -164,7 +164,8 @@ func (l *lockedBuffer) String() string {
 
 // TestServeBoundsReceives: a session whose receives, window + 4 of its
 // largest size, would pass the server's -max-recv-bytes is refused, and
-// the client says which flags to change (found by a review: xmx stream
+// the client says which flags to change, as a usage error marked as the
+// server's (no hint at its own -h) (found by a review: xmx stream
 // -window 256 -sizes 16M made the server post 4 GiB of buffers); a
 // smaller session then runs.
 func TestServeBoundsReceives(t *testing.T) {
@@ -182,8 +183,8 @@ func TestServeBoundsReceives(t *testing.T) {
 		{128 << 20, 1, "(its -max-size)", ""},
 	} {
 		err := hello(cl, srv.Addr(), c.size, c.window, 5*time.Second)
-		if !errors.Is(err, errUsage) || !strings.Contains(err.Error(), c.want) || c.not != "" && strings.Contains(err.Error(), c.not) {
-			t.Errorf("hello for %d-byte messages, window %d: %v; want a usage error with %q (and no %q)", c.size, c.window, err, c.want, c.not)
+		if !errors.Is(err, errServerLimit) || !strings.Contains(err.Error(), c.want) || c.not != "" && strings.Contains(err.Error(), c.not) {
+			t.Errorf("hello for %d-byte messages, window %d: %v; want a server-limit usage error with %q (and no %q)", c.size, c.window, err, c.want, c.not)
 		}
 	}
 	for _, want := range []string{"with a window of 256: 272629760 bytes of receives, above -max-recv-bytes 8388608: refused", "above -max-size 67108864: refused"} {
