@@ -405,8 +405,18 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 }
 
 // Test reports whether the request completed; if so it returns its status
-// and spends the handle.
+// and spends the handle. If not, and no other goroutine drives the link,
+// it makes progress (polls the link once, without waiting) and looks again,
+// as the other calls that look without waiting do (TestAny, IPeek, Iprobe,
+// Ibuffered, Group.Test): a loop of them drives the link by itself.
 func (e *Endpoint) Test(h Request) (Status, bool, error) {
+	if st, ok, err := e.test(h); ok || err != nil || !e.eng.progress() {
+		return st, ok, err
+	}
+	return e.test(h)
+}
+
+func (e *Endpoint) test(h Request) (Status, bool, error) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.flushAndUnlock() // what a settle of acks framed goes out
@@ -496,8 +506,16 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 
 // TestAny completes the oldest finished request (not in a group) whose
 // match info m satisfies m&mask == info. With a bit of info outside mask
-// nothing fits: false (WaitAny refuses such a pair).
+// nothing fits: false (WaitAny refuses such a pair). It makes progress as
+// Test does.
 func (e *Endpoint) TestAny(info, mask uint64) (Status, bool) {
+	if st, ok := e.testAny(info, mask); ok || !e.eng.progress() {
+		return st, ok
+	}
+	return e.testAny(info, mask)
+}
+
+func (e *Endpoint) testAny(info, mask uint64) (Status, bool) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.flushAndUnlock() // what a settle of acks framed goes out
@@ -564,8 +582,15 @@ func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, erro
 }
 
 // IPeek returns the oldest completed request (not in a group) without
-// completing it.
+// completing it. It makes progress as Test does.
 func (e *Endpoint) IPeek() (Request, bool) {
+	if h, ok := e.ipeek(); ok || !e.eng.progress() {
+		return h, ok
+	}
+	return e.ipeek()
+}
+
+func (e *Endpoint) ipeek() (Request, bool) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.flushAndUnlock() // what a settle of acks framed goes out
@@ -612,8 +637,15 @@ func (e *Endpoint) Peek(ctx context.Context) (Request, error) {
 // Iprobe reports whether an unexpected message fitting (info, mask) has
 // arrived, without receiving it. Status.Code is Success, MsgLen its length.
 // With a bit of info outside mask nothing fits: false (Probe refuses such
-// a pair).
+// a pair). It makes progress as Test does.
 func (e *Endpoint) Iprobe(info, mask uint64) (Status, bool) {
+	if st, ok := e.iprobe(info, mask); ok || !e.eng.progress() {
+		return st, ok
+	}
+	return e.iprobe(info, mask)
+}
+
+func (e *Endpoint) iprobe(info, mask uint64) (Status, bool) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -731,8 +763,16 @@ func (e *Endpoint) Forget(h Request) error {
 	return nil
 }
 
-// Ibuffered reports whether a send's buffers may be reused already.
+// Ibuffered reports whether a send's buffers may be reused already. It
+// makes progress as Test does.
 func (e *Endpoint) Ibuffered(h Request) (bool, error) {
+	if ok, err := e.ibuffered(h); ok || err != nil || !e.eng.progress() {
+		return ok, err
+	}
+	return e.ibuffered(h)
+}
+
+func (e *Endpoint) ibuffered(h Request) (bool, error) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -911,8 +951,15 @@ func (gr *Group) Irecv(info, mask uint64, segs [][]byte, ctx any) (Request, erro
 }
 
 // Test completes the oldest finished request of the group (of any of
-// the endpoints it spans).
+// the endpoints it spans). It makes progress as Endpoint.Test does.
 func (gr *Group) Test() (Status, bool) {
+	if st, ok := gr.test(); ok || !gr.eng.progress() {
+		return st, ok
+	}
+	return gr.test()
+}
+
+func (gr *Group) test() (Status, bool) {
 	g := gr.eng
 	g.mu.Lock()
 	defer g.flushAndUnlock() // what a settle of acks framed goes out

@@ -833,9 +833,9 @@ func (g *engine) handled(n int) {
 
 // settleAcks processes the acks that frames handled by the driver
 // carried: peer.noteAck left them for after the batch. The driver calls
-// it, and so do the calls that look for completions without driving
-// (Test, TestAny, IPeek, Group.Test), so that they see the sends those
-// acks complete.
+// it, and so do the calls that look for completions without waiting
+// (Test, TestAny, IPeek, Group.Test) when another goroutine drives (see
+// progress), so that they see the sends those acks complete.
 //
 // It reports whether there were any.
 //
@@ -1234,6 +1234,33 @@ func (g *engine) signal() {
 	}
 }
 
+// progress makes one round of progress for a call that looks for a
+// completion without waiting (Test, TestAny, IPeek, Iprobe, Ibuffered,
+// Group.Test), as mx_test and mx_iprobe do: if no one drives, it polls the
+// link once without waiting, handles what came and runs the timers due.
+// It reports whether it did. While another goroutine drives, it leaves
+// the link alone: the background goroutine, asked to step aside as for a
+// Wait (apiWaited, and a wake-up if it sleeps in the kernel), lets a loop
+// of such calls drive from a later turn on, for lingerAPI after the last.
+func (g *engine) progress() bool {
+	g.noteAPIWait()
+	if !g.drive.tryTake() {
+		if g.bgDriving.Load() {
+			g.signal()
+		}
+		return false
+	}
+	if g.closed.Load() {
+		g.drive.release()
+		return false
+	}
+	g.nowPolls = 0    // the last driver's clock reading may be stale
+	g.driveOnce(0, 0) // an error is noted (noteLinkErr); the waits report it
+	g.drive.release()
+	g.rethrow() // a handler's panic, in the goroutine that ran it
+	return true
+}
+
 // waitFor waits until done() reports true, driving the link while no one
 // else does. done is called without the engine lock; wake is signalled by
 // whoever makes done true. A zero deadline waits without bound.
@@ -1579,7 +1606,10 @@ func (g *engine) background() {
 		}
 		g.bgDriving.Store(true)
 		failed := false
-		for g.wantDrive.Load() == 0 && !g.closed.Load() && !g.handlerPanicked.Load() {
+		// An API call that wants to drive (a Wait) counts in wantDrive;
+		// one that makes progress without waiting (progress) only notes
+		// itself in apiWaited.
+		for g.wantDrive.Load() == 0 && !g.apiWaited.Load() && !g.closed.Load() && !g.handlerPanicked.Load() {
 			if _, err := g.driveOnce(g.prepareSleep(250 * time.Millisecond)); err != nil {
 				failed = !g.closed.Load()
 				break
