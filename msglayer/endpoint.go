@@ -379,7 +379,7 @@ type Counters struct {
 	OutOfOrderDropped   uint64 // frames ahead of a gap not held: OutOfOrderBytes was reached
 	AcksOut, AcksIn     uint64 // explicit acks
 	AcksBundled         uint64 // of AcksOut, those that rode in a frame to another peer (an ack bundle, tAcks, or a pull request)
-	Unexpected          uint64 // messages that matched no posted receive
+	Unexpected          uint64 // messages that matched no posted receive (those the unexpected handler finished included)
 	UnexpectedBytes     uint64 // eager bytes held for them
 	UnexpectedBytesNow  int    // held now, against UnexpectedBytes (records included)
 	Pulls               uint64 // rendezvous pulls started
@@ -391,7 +391,7 @@ type Counters struct {
 	PullBudgetWaits     uint64 // times a pull waited for the engine's pull budget (frames asked for and not arrived, shared by its endpoints)
 	EagerRefused        uint64 // eager messages refused for want of memory
 	EagerConverted      uint64 // our eager sends the receiver refused, resent as rendezvous
-	BadFrames           uint64 // frames that did not decode or named nothing here
+	BadFrames           uint64 // frames that did not decode or named nothing here; those that name no endpoint of the link (or do not decode so far) are the link's, and every endpoint on it counts them
 	StaleFrames         uint64 // frames of a dead session
 	Challenges          uint64 // keepalives asking a connected peer's self whether it lives: a connect (or reply) came from another self
 	BeyondWindow        uint64 // reliable frames too far ahead

@@ -761,3 +761,68 @@ func TestCloseTellsPeers(t *testing.T) {
 		t.Errorf("issend to an endpoint that closed: %v after %v; want BadEndpoint at once", st.Code, el)
 	}
 }
+
+// TestUnexpectedCountersSamePaths checks that the counters of unexpected
+// messages say the same on both paths (found by an audit): a message the
+// handler finishes is Unexpected (only queued ones were), and a
+// same-process eager message refused by the unexpected-memory bound is
+// counted as refused and converted, as over the network (it was sent as a
+// record silently).
+func TestUnexpectedCountersSamePaths(t *testing.T) {
+	ctx := ctxFor(t, 10*time.Second)
+	finish := func(msglayer.UnexpectedMessage) msglayer.HandlerAction { return msglayer.Finished }
+	a, b, c, _ := threeEPs(t, msglayer.Config{}, finish)
+	for _, dst := range []*msglayer.Endpoint{b, c} {
+		for i, n := range []int{0, 100, 5000, 100000} { // tiny to rendezvous
+			s, err := a.Isend(dst.Addr(), uint64(i), [][]byte{message(i, n)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Wait(ctx, s); err != nil {
+				t.Fatalf("send %d of %d bytes to %v: %v", i, n, dst.Addr(), err)
+			}
+		}
+		if got := dst.Counters().Unexpected; got != 4 {
+			t.Errorf("%v: Unexpected %d after 4 messages its handler finished, want 4", dst.Addr(), got)
+		}
+	}
+
+	a, b, c, _ = threeEPs(t, msglayer.Config{UnexpectedBytes: 1}, nil)
+	const n = 3
+	for _, dst := range []*msglayer.Endpoint{b, c} {
+		var sends []msglayer.Request
+		for i := range n {
+			s, err := a.Isend(dst.Addr(), uint64(i), [][]byte{message(i, 100)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, s)
+		}
+		// Over the network the refusals come back before the sends
+		// complete; wait for them before the receives are posted.
+		deadline := time.Now().Add(5 * time.Second)
+		for dst.Counters().EagerRefused < n && time.Now().Before(deadline) {
+			dst.Iprobe(0, 0) // drives the link
+			time.Sleep(time.Millisecond)
+		}
+		for i := range n {
+			buf := make([]byte, 100)
+			r, _ := dst.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+			if st, err := dst.Wait(ctx, r); err != nil || st.XferLen != 100 {
+				t.Fatalf("%v: receive %d: %+v, %v", dst.Addr(), i, st, err)
+			}
+			checkMessage(t, buf, i, 100)
+		}
+		for _, s := range sends {
+			if _, err := a.Wait(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if c := dst.Counters(); c.EagerRefused != n || c.UnexpectedBytesNow != 0 {
+			t.Errorf("%v: EagerRefused %d and UnexpectedBytesNow %d after %d messages over a 1-byte bound, want %d and 0", dst.Addr(), c.EagerRefused, c.UnexpectedBytesNow, n, n)
+		}
+	}
+	if got := a.Counters().EagerConverted; got != 2*n {
+		t.Errorf("sender: EagerConverted %d, want %d (%d to each path)", got, 2*n, n)
+	}
+}

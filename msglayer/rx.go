@@ -681,6 +681,9 @@ func (e *Endpoint) callHandler(p *peer, match uint64, n int, data []byte) (Handl
 		// with it.
 		return act, false
 	}
+	if act == Finished {
+		e.stats.Unexpected++ // taken by the handler: addUnexp counts the rest
+	}
 	return act, true
 }
 

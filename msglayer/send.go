@@ -300,7 +300,8 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 // +checklocks:t.eng.mu
 func (t *Endpoint) queueLocal(tp *peer, r *request) {
 	u := &unexp{src: tp, match: r.match, msgLen: uint32(r.length)}
-	if !r.sync && r.length <= r.ep.cfg.RendezvousThreshold && t.unexpBytes+unexpCost(r.length) <= t.cfg.UnexpectedBytes {
+	eager := !r.sync && r.length <= r.ep.cfg.RendezvousThreshold
+	if eager && t.unexpBytes+unexpCost(r.length) <= t.cfg.UnexpectedBytes {
 		u.data = make([]byte, r.length)
 		copyFromSegs(u.data, r.segs, 0)
 		u.received = u.msgLen
@@ -310,6 +311,12 @@ func (t *Endpoint) queueLocal(tp *peer, r *request) {
 		r.status.XferLen = r.length
 		r.ep.complete(r, Success)
 	} else {
+		if eager {
+			// Refused for want of memory and sent as a record, as over
+			// the network, and counted so on both sides.
+			t.stats.EagerRefused++
+			r.ep.stats.EagerConverted++
+		}
 		u.rndv, u.localSend = true, r
 		r.rndv = true
 		t.unexpRndv++
