@@ -17,7 +17,7 @@ import (
 // connect that the peer took but then disconnected us before its answer
 // arrived with ErrAborted.
 func (e *Endpoint) Connect(ctx context.Context, a Addr, key uint32) error {
-	r, err := e.iconnect(a, key, 0, nil, true)
+	r, err := e.iconnect(a, key, 0, nil, true, nil)
 	if err != nil {
 		return err
 	}
@@ -37,13 +37,13 @@ func (e *Endpoint) Connect(ctx context.Context, a Addr, key uint32) error {
 // match_info: TestAny and WaitAny find it by that, so a connect can be
 // told from the messages a wait for any request is after.
 func (e *Endpoint) IConnect(a Addr, key uint32, match uint64, ctx any) (Request, error) {
-	return e.iconnect(a, key, match, ctx, false)
+	return e.iconnect(a, key, match, ctx, false, nil)
 }
 
 // iconnect is IConnect; a private request (Connect's, which waits for it)
 // is left out of the done queue, where TestAny, WaitAny and Peek of other
-// goroutines would find it.
-func (e *Endpoint) iconnect(a Addr, key uint32, match uint64, ctx any, private bool) (Request, error) {
+// goroutines would find it; one posted into group grp completes there.
+func (e *Endpoint) iconnect(a Addr, key uint32, match uint64, ctx any, private bool, grp *Group) (Request, error) {
 	if a.MAC[0]&1 != 0 {
 		return Request{}, &ArgError{Arg: "address", Err: fmt.Errorf("%v is a group (broadcast or multicast) address", a)}
 	}
@@ -55,7 +55,10 @@ func (e *Endpoint) iconnect(a Addr, key uint32, match uint64, ctx any, private b
 	}
 	now := g.readClock()
 	r := e.newRequest(kindConnect, ctx)
-	r.private = private
+	r.private, r.group = private, grp
+	if grp != nil {
+		grp.posted++
+	}
 	r.status.Source, r.status.Match = a, match
 	r.connAddr, r.connKey = a, key
 	if a.MAC == g.mac {
@@ -943,6 +946,11 @@ func (gr *Group) Isend(dst Addr, match uint64, segs [][]byte, ctx any) (Request,
 // Issend is Endpoint.Issend with completion into the group.
 func (gr *Group) Issend(dst Addr, match uint64, segs [][]byte, ctx any) (Request, error) {
 	return gr.e.isend(dst, match, segs, ctx, true, gr)
+}
+
+// IConnect is Endpoint.IConnect with completion into the group.
+func (gr *Group) IConnect(a Addr, key uint32, match uint64, ctx any) (Request, error) {
+	return gr.e.iconnect(a, key, match, ctx, false, gr)
 }
 
 // Irecv is Endpoint.Irecv with completion into the group.

@@ -90,6 +90,56 @@ func TestConnectCancelAndClose(t *testing.T) {
 	}
 }
 
+// TestGroupConnects: connects posted into a completion group complete
+// there, with their match info and context, whatever their end: to a
+// remote endpoint, to one of the same process, refused for a wrong key,
+// cancelled; the endpoint's own queue sees none of them.
+func TestGroupConnects(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{})
+	c := w.open(t, 0, msglayer.Config{EndpointID: 7, Key: 7}) // a's same-process peer
+	ctx := ctxFor(t, 10*time.Second)
+	grp := a.NewGroup()
+	ghost := msglayer.Addr{MAC: [6]byte{2, 0, 0, 0, 0, 0x99}, EP: 1}
+	want := map[string]msglayer.Code{"remote": msglayer.Success, "local": msglayer.Success, "bad key": msglayer.BadKey, "cancelled": msglayer.Cancelled}
+	for i, tc := range []struct {
+		name string
+		to   msglayer.Addr
+		key  uint32
+	}{{"remote", b.Addr(), 2}, {"local", c.Addr(), 7}, {"bad key", b.Addr(), 99}, {"cancelled", ghost, 1}} {
+		r, err := grp.IConnect(tc.to, tc.key, uint64(100+i), tc.name)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if tc.name == "cancelled" {
+			if ok, err := a.Cancel(r); !ok || err != nil {
+				t.Fatalf("cancel of a pending connect in a group = %v, %v", ok, err)
+			}
+		}
+	}
+	for range want {
+		st, _ := grp.Wait(ctx)
+		name, _ := st.Context.(string)
+		code, ok := want[name]
+		if !ok || st.Code != code || st.Match < 100 || st.Match > 103 {
+			t.Fatalf("group completion %+v: want one of the connects, with its code", st)
+		}
+		delete(want, name)
+	}
+	if _, ok := a.TestAny(0, 0); ok {
+		t.Error("a connect posted into a group reached the endpoint's queue")
+	}
+	for _, to := range []*msglayer.Endpoint{b, c} {
+		s, err := a.Isend(to.Addr(), 1, [][]byte{[]byte("hi")}, nil)
+		if err != nil {
+			t.Fatalf("send after the group's connect to %v: %v", to.Addr(), err)
+		}
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatalf("send after the group's connect to %v: %v", to.Addr(), err)
+		}
+	}
+}
+
 // TestBadFrames sends malformed frames at an endpoint: they are counted
 // and dropped, and the endpoint keeps working.
 func TestBadFrames(t *testing.T) {

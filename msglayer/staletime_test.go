@@ -402,7 +402,7 @@ func TestReceiverClosedMidPull(t *testing.T) {
 func TestConnectRequestPrivate(t *testing.T) {
 	n := newManNet(t, time.Second)
 	a, b := n.a, n.b
-	r, err := a.iconnect(b.Addr(), 0xb, 0, nil, true) // as Connect does
+	r, err := a.iconnect(b.Addr(), 0xb, 0, nil, true, nil) // as Connect does
 	if err != nil {
 		t.Fatal(err)
 	}
