@@ -479,12 +479,23 @@ func testProbe(t *testing.T, w world) {
 		if err != nil || st.Match != 0x77 || st.MsgLen != n || st.Source != a.Addr() {
 			t.Fatalf("probe: %+v, %v", st, err)
 		}
+		if st, ok := b.Iprobe(0x60, 0xf0); ok {
+			t.Fatalf("Iprobe(0x60, 0xf0) found %+v; only 0x77 arrived", st)
+		}
+		if c := b.Counters(); n > 32<<10 && (c.UnexpectedBytesNow > 1024 || c.Pulls != 0) {
+			// A large unexpected message costs its record only: its data
+			// stays at the sender until a receive matches.
+			t.Fatalf("a %d-byte unexpected message holds %d bytes and started %d pulls before its receive", n, c.UnexpectedBytesNow, c.Pulls)
+		}
 		buf := make([]byte, n)
 		r, _ := b.Irecv(0x77, ^uint64(0), [][]byte{buf}, nil)
 		if _, err := b.Wait(ctx, r); err != nil {
 			t.Fatal(err)
 		}
 		checkMessage(t, buf, i, n)
+		if _, ok := b.Iprobe(0x70, 0xf0); ok {
+			t.Fatal("Iprobe found a message already received")
+		}
 	}
 }
 
@@ -528,6 +539,19 @@ func testCancelForget(t *testing.T, w world) {
 	a.Wait(ctx, s3)
 	if _, err := b.Cancel(r3); !errors.Is(err, msglayer.ErrStaleRequest) {
 		t.Fatalf("cancel of a completed receive = %v", err)
+	}
+	// A pending connect (to a NIC nobody has) can be cancelled, and
+	// completes Cancelled with its match info and context.
+	ghost := msglayer.Addr{MAC: [6]byte{2, 0, 0, 0, 0, 0x99}, EP: 1}
+	c, err := a.IConnect(ghost, 1, 0xc0, "connect")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := a.Cancel(c); !ok || err != nil {
+		t.Fatalf("cancel of a pending connect = %v, %v", ok, err)
+	}
+	if st, err := a.Wait(ctx, c); !errors.Is(err, msglayer.ErrCancelled) || st.Context != "connect" || st.Match != 0xc0 {
+		t.Fatalf("cancelled connect: %+v, %v", st, err)
 	}
 }
 
@@ -986,13 +1010,25 @@ func testPeerDeath(t *testing.T, w world) {
 	if _, err := a.Wait(ctx, s1); err != nil {
 		t.Fatal(err)
 	}
+	// And the other way, a large message whose data stays at the peer
+	// that dies: its record arrives first.
+	b.Isend(a.Addr(), 5, [][]byte{message(5, 1<<20)}, nil)
+	if _, err := a.Probe(ctx, 5, ^uint64(0)); err != nil {
+		t.Fatal(err)
+	}
 	w.cut(t, 1)
 	start := time.Now()
+	// The receive matches the record at once, long before the peer can
+	// be found dead, which drops the record: a receive posted after that
+	// would wait for another message (a receive names no peer). The send
+	// comes after it: over a link without carrier, its flush may wait for
+	// the transmit up to the link's SendWait.
+	r5, _ := a.Irecv(5, ^uint64(0), [][]byte{make([]byte, 1<<20)}, nil)
 	s4, _ := a.Isend(b.Addr(), 4, [][]byte{message(4, 100)}, nil)
-	for _, s := range []msglayer.Request{s2, s3, s4} {
+	for i, s := range []msglayer.Request{s2, s3, s4, r5} {
 		st, err := a.Wait(ctx, s)
 		if !errors.Is(err, msglayer.ErrUnreachable) {
-			t.Fatalf("send to a dead peer: %+v, %v; want ErrUnreachable", st, err)
+			t.Fatalf("request %d of 4 with a dead peer, after %v: %+v, %v; want ErrUnreachable", i+1, time.Since(start), st, err)
 		}
 	}
 	if el := time.Since(start); el > 5*time.Second {
