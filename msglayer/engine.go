@@ -668,6 +668,10 @@ func (g *engine) stampSent(now int64) {
 // that may sleep, with whether the background goroutine is the driver.
 var testHookSleep func(background bool)
 
+// testHookBackgroundTurn, when set by a test, runs at each turn of engine
+// g's background goroutine.
+var testHookBackgroundTurn func(g *engine)
+
 // testHookEngineStop, when set by a test, runs in releaseEngine before the
 // last endpoint's release stops engine g.
 var testHookEngineStop func(g *engine)
@@ -1289,6 +1293,20 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 	if g.drive.tryTake() {
 		return g.driveReaping(ctx, done, reap)
 	}
+	if drove, err := g.takeTokenUnless(ctx, done, wake, sleepers); !drove {
+		return Status{}, false, err
+	}
+	return g.driveReaping(ctx, done, reap)
+}
+
+// takeTokenUnless waits for the drive token, counted in wantDrive, until it
+// takes it (true) or done() or the context ends first (false, and the
+// context's error if it ended). It counts in wantDrive only while it
+// waits: the background goroutine lingers while someone waits for the
+// token, and waits for the token's release while an API call holds it.
+// Counted for a whole Wait that had to wait for the token, it woke every
+// lingerAPI for as long as the Wait lasted.
+func (g *engine) takeTokenUnless(ctx context.Context, done func() bool, wake <-chan struct{}, sleepers *atomic.Int32) (bool, error) {
 	g.wantDrive.Add(1)
 	defer g.wantDrive.Add(-1)
 	for {
@@ -1303,7 +1321,7 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 				sleepers.Add(1)
 				if done() {
 					sleepers.Add(-1)
-					return Status{}, false, nil
+					return false, nil
 				}
 			}
 			switch waitToken(&g.drive, wake, ctx.Done()) {
@@ -1322,13 +1340,13 @@ func (g *engine) waitForSleeping(ctx context.Context, done func() bool, wake <-c
 			}
 		}
 		if drove {
-			return g.driveReaping(ctx, done, reap)
+			return true, nil
 		}
 		if finished {
-			return Status{}, false, err
+			return false, err
 		}
 		if g.closed.Load() {
-			return Status{}, false, ErrClosed
+			return false, ErrClosed
 		}
 	}
 }
@@ -1580,6 +1598,9 @@ func (g *engine) background() {
 	defer linger.Stop()
 	pause := lingerAPI // after a failed drive: grows while the link fails
 	for {
+		if testHookBackgroundTurn != nil {
+			testHookBackgroundTurn(g)
+		}
 		select {
 		case <-g.bgStop:
 			return
@@ -1594,8 +1615,11 @@ func (g *engine) background() {
 			}
 			continue
 		}
-		linger.Reset(lingerAPI)
-		if !g.drive.tryTake() && waitToken(&g.drive, g.bgStop, linger.C) != tokenTaken {
+		// An API call holds the token (a Wait asleep in the kernel, say):
+		// wait for its release without a timeout. Looking again every
+		// lingerAPI woke this goroutine 250 times a second for as long
+		// as the Wait lasted: 4-5 % of a CPU while idle.
+		if !g.drive.tryTake() && waitToken(&g.drive, g.bgStop, noWake) != tokenTaken {
 			continue // the loop's top looks at bgStop
 		}
 		if g.apiWaited.Load() {
@@ -1635,6 +1659,9 @@ func (g *engine) background() {
 		}
 	}
 }
+
+// noWake is a wake-up that never comes, for waitToken.
+var noWake <-chan struct{}
 
 // rethrow panics again with what an unexpected-message handler panicked
 // with, if one did, in the goroutine that ran it (handlers run in the
