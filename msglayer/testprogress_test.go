@@ -3,6 +3,7 @@ package msglayer
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -55,7 +56,9 @@ func TestNonBlockingCallsDrive(t *testing.T) {
 
 // pollPingPong runs n round trips of 8-byte messages with peer (first
 // sending if ping), waiting for each completion by polling one of the
-// non-blocking calls in turn. It returns what went wrong, if anything.
+// non-blocking calls in turn, and yielding between polls (with one P, a
+// loop that does not yield holds off the other side until the scheduler
+// preempts it, 10 ms later). It returns what went wrong, if anything.
 func pollPingPong(e *Endpoint, peer Addr, n int, ping bool) string {
 	grp := e.NewGroup()
 	out, in := []byte("8 bytes!"), make([]byte, 8)
@@ -65,8 +68,10 @@ func pollPingPong(e *Endpoint, peer Addr, n int, ping bool) string {
 			return err.Error()
 		}
 		for ok, _ := e.Ibuffered(s); !ok; ok, _ = e.Ibuffered(s) {
+			runtime.Gosched() // one P (-cpu 1): let the other side run
 		}
 		for _, ok, _ := e.Test(s); !ok; _, ok, _ = e.Test(s) {
+			runtime.Gosched() // one P (-cpu 1): let the other side run
 		}
 		return ""
 	}
@@ -81,21 +86,26 @@ func pollPingPong(e *Endpoint, peer Addr, n int, ping bool) string {
 		case 0:
 			r, _ := e.Irecv(m, ^uint64(0), [][]byte{in}, nil)
 			for _, ok, _ := e.Test(r); !ok; _, ok, _ = e.Test(r) {
+				runtime.Gosched() // one P (-cpu 1): let the other side run
 			}
 		case 1:
 			e.Irecv(m, ^uint64(0), [][]byte{in}, nil)
 			for _, ok := e.TestAny(m, ^uint64(0)); !ok; _, ok = e.TestAny(m, ^uint64(0)) {
+				runtime.Gosched() // one P (-cpu 1): let the other side run
 			}
 		case 2:
 			for _, ok := e.Iprobe(m, ^uint64(0)); !ok; _, ok = e.Iprobe(m, ^uint64(0)) {
+				runtime.Gosched() // one P (-cpu 1): let the other side run
 			}
 			r, _ := e.Irecv(m, ^uint64(0), [][]byte{in}, nil)
 			for h, ok := e.IPeek(); !ok || h != r; h, ok = e.IPeek() {
+				runtime.Gosched() // one P (-cpu 1): let the other side run
 			}
 			e.Test(r)
 		case 3:
 			grp.Irecv(m, ^uint64(0), [][]byte{in}, nil)
 			for _, ok := grp.Test(); !ok; _, ok = grp.Test() {
+				runtime.Gosched() // one P (-cpu 1): let the other side run
 			}
 		}
 		if string(in) != string(out) {
