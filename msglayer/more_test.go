@@ -106,7 +106,7 @@ func TestGroupConnects(t *testing.T) {
 		name string
 		to   msglayer.Addr
 		key  uint32
-	}{{"remote", b.Addr(), 2}, {"local", c.Addr(), 7}, {"bad key", b.Addr(), 99}, {"cancelled", ghost, 1}} {
+	}{{"remote", b.Addr(), 0xb}, {"local", c.Addr(), 7}, {"bad key", b.Addr(), 99}, {"cancelled", ghost, 1}} {
 		r, err := grp.IConnect(tc.to, tc.key, uint64(100+i), tc.name)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -117,7 +117,7 @@ func TestGroupConnects(t *testing.T) {
 			}
 		}
 	}
-	for range want {
+	for range len(want) { // not range want: the loop deletes from it
 		st, _ := grp.Wait(ctx)
 		name, _ := st.Context.(string)
 		code, ok := want[name]
@@ -125,6 +125,9 @@ func TestGroupConnects(t *testing.T) {
 			t.Fatalf("group completion %+v: want one of the connects, with its code", st)
 		}
 		delete(want, name)
+	}
+	if len(want) != 0 {
+		t.Fatalf("connects that did not complete in the group: %v", want)
 	}
 	if _, ok := a.TestAny(0, 0); ok {
 		t.Error("a connect posted into a group reached the endpoint's queue")
