@@ -22,12 +22,12 @@ const notifyDepth = 32
 // extra thread hop). Each keeps notifyDepth receives for match info m
 // posted on e and completes n of them one by one (the receives left
 // posted at the end take no later run's messages: it uses another m).
+// ctx bounds the waits, so that a sender that fails ends them.
 var notifyStrategies = []struct {
 	name string
-	run  func(b *testing.B, e *msglayer.Endpoint, n int, m uint64)
+	run  func(ctx context.Context, b *testing.B, e *msglayer.Endpoint, n int, m uint64)
 }{
-	{"wait-one", func(b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
-		ctx := ctxFor(b, 5*time.Minute) // bounded: a sender that fails ends the wait
+	{"wait-one", func(ctx context.Context, b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
 		var ring [notifyDepth]msglayer.Request
 		buf := [][]byte{make([]byte, 8)}
 		for i := range ring {
@@ -41,8 +41,7 @@ var notifyStrategies = []struct {
 		}
 		drain(e, ring[:])
 	}},
-	{"wait-any", func(b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
-		ctx := ctxFor(b, 5*time.Minute) // bounded: a sender that fails ends the wait
+	{"wait-any", func(ctx context.Context, b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
 		buf := [][]byte{make([]byte, 8)}
 		for i := 0; i < notifyDepth; i++ {
 			e.Irecv(m, ^uint64(0), buf, nil)
@@ -54,8 +53,7 @@ var notifyStrategies = []struct {
 			e.Irecv(m, ^uint64(0), buf, nil)
 		}
 	}},
-	{"group", func(b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
-		ctx := ctxFor(b, 5*time.Minute) // bounded: a sender that fails ends the wait
+	{"group", func(ctx context.Context, b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
 		g := e.NewGroup()
 		buf := [][]byte{make([]byte, 8)}
 		for i := 0; i < notifyDepth; i++ {
@@ -68,8 +66,7 @@ var notifyStrategies = []struct {
 			g.Irecv(m, ^uint64(0), buf, nil)
 		}
 	}},
-	{"dispatcher-goroutine", func(b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
-		ctx := ctxFor(b, 5*time.Minute) // bounded: a sender that fails ends the wait
+	{"dispatcher-goroutine", func(ctx context.Context, b *testing.B, e *msglayer.Endpoint, n int, m uint64) {
 		buf := [][]byte{make([]byte, 8)}
 		for i := 0; i < notifyDepth; i++ {
 			e.Irecv(m, ^uint64(0), buf, nil)
@@ -108,7 +105,7 @@ func BenchmarkNotify(b *testing.B) {
 			tx, rx := w.pair(b, msglayer.Config{}, msglayer.Config{UnexpectedBytes: 1 << 30})
 			// The messages arrive first: the timed part is only posting
 			// receives and learning of their completion.
-			ctx := context.Background()
+			ctx := ctxFor(b, 5*time.Minute)
 			msg := [][]byte{make([]byte, 8)}
 			grp := tx.NewGroup()
 			n := b.N + depth
@@ -124,7 +121,7 @@ func BenchmarkNotify(b *testing.B) {
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
-			s.run(b, rx, b.N, 0)
+			s.run(ctx, b, rx, b.N, 0)
 			b.StopTimer()
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e3, "µs/msg")
 		})
@@ -156,14 +153,14 @@ func notifyFlow(b *testing.B, mkWorld func(*testing.B) world) {
 			sent := make(chan error, 1)
 			// Unmeasured: a round through the strategy, to warm up.
 			go func() { sent <- sendFlow(ctx, tx, rx.Addr(), notifyDepth, 1) }()
-			s.run(b, rx, notifyDepth, 1)
+			s.run(ctx, b, rx, notifyDepth, 1)
 			if err := <-sent; err != nil {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			go func() { sent <- sendFlow(ctx, tx, rx.Addr(), b.N, 2) }()
-			s.run(b, rx, b.N, 2)
+			s.run(ctx, b, rx, b.N, 2)
 			b.StopTimer()
 			if err := <-sent; err != nil {
 				b.Fatal(err)

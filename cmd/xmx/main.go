@@ -127,12 +127,12 @@ func main() {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
-		if errors.Is(err, errServerLimit) {
-			fmt.Fprintf(os.Stderr, "xmx %s: %s\n", os.Args[1], usageMessage(err))
-			os.Exit(2)
-		}
 		if errors.Is(err, errUsage) {
-			fmt.Fprintf(os.Stderr, "xmx %s: %s (xmx %s -h lists the flags)\n", os.Args[1], usageMessage(err), os.Args[1])
+			hint := fmt.Sprintf(" (xmx %s -h lists the flags)", os.Args[1])
+			if errors.Is(err, errServerLimit) {
+				hint = "" // the message names the server's flag
+			}
+			fmt.Fprintf(os.Stderr, "xmx %s: %s%s\n", os.Args[1], usageMessage(err), hint)
 			os.Exit(2)
 		}
 		fmt.Fprintf(os.Stderr, "xmx %s: %v\n", os.Args[1], err)
