@@ -403,6 +403,7 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	} else {
 		e.match.pushRecv(r)
 	}
+	e.heldRoom() // a record taken, or a receive a held message may match
 	g.flushAndUnlock()
 	return h, nil
 }

@@ -63,7 +63,9 @@ type Config struct {
 	// (default 65536). At the bound a peer's next record is dropped and
 	// resent until there is room, and the frames behind it from that peer
 	// (the notifies that complete our sends to it included) wait with it.
-	// Endpoints of this process are not held back by it.
+	// A same-process sender's message at the bound waits, pending, with
+	// the ones it sends us after it, until a receive is posted or a
+	// record taken.
 	MaxUnexpectedRndv int
 	// MaxPeers bounds the records of peers that connect to the endpoint
 	// (default 1024, as Open-MX's peer table; each costs about 20 KiB with
@@ -328,6 +330,13 @@ type Endpoint struct {
 	unexpBytes int
 	// +checklocks:eng.mu
 	unexpRndv int
+	// heldLocal counts the same-process messages to this endpoint held
+	// at its MaxUnexpectedRndv bound (engine.localHeld).
+	// +checklocks:eng.mu
+	heldLocal int
+	// heldRetry: the endpoint may have room for them again (heldRoom).
+	// +checklocks:eng.mu
+	heldRetry bool
 	// oooHeld counts the frames the endpoint's peers hold out of order
 	// (peer.oooCount summed), against Config.OutOfOrderBytes.
 	// +checklocks:eng.mu
@@ -382,6 +391,8 @@ type Counters struct {
 	Unexpected          uint64 // messages that matched no posted receive (those the unexpected handler finished included)
 	UnexpectedBytes     uint64 // eager bytes held for them
 	UnexpectedBytesNow  int    // held now, against UnexpectedBytes (records included)
+	UnexpectedRndvNow   int    // rendezvous records held now, against MaxUnexpectedRndv
+	RndvDeferred        uint64 // rendezvous records that found no room under MaxUnexpectedRndv: dropped, to come again (network), or held at their sender (same process)
 	Pulls               uint64 // rendezvous pulls started
 	PullRequests        uint64 // pull requests sent (re-requests included)
 	PullReplies         uint64 // data frames sent for pulls
@@ -635,6 +646,7 @@ func (e *Endpoint) Counters() Counters {
 	defer e.eng.mu.Unlock()
 	c := e.stats
 	c.UnexpectedBytesNow = e.unexpBytes
+	c.UnexpectedRndvNow = e.unexpRndv
 	c.BadFrames += e.eng.badFrames
 	return c
 }

@@ -135,8 +135,9 @@ type engine struct {
 	// (prepareSleep).
 	reschedAt int64
 
-	// localQueued: localIn holds messages. Set under the lock; the
-	// driver looks at it without, at each poll and before each sleep.
+	// localQueued: localIn holds messages, or localRetry is set. Set
+	// under the lock; the driver looks at it without, at each poll and
+	// before each sleep.
 	localQueued atomic.Bool
 
 	mu sync.Mutex // the engine lock: guards everything below and all endpoint state
@@ -155,6 +156,15 @@ type engine struct {
 	localCur localMsg
 	// +checklocks:mu
 	localRunning bool
+	// localHeld: same-process messages held at their receiver's
+	// MaxUnexpectedRndv bound (Endpoint.holdLocal), and the ones each
+	// sender sent to that receiver after them, in the order they were
+	// sent. localRetry: some receiver has room again (Endpoint.heldRoom):
+	// runLocal hands its held messages over again, ahead of localIn.
+	// +checklocks:mu
+	localHeld []localMsg
+	// +checklocks:mu
+	localRetry bool
 	// localData holds a same-process message's data while the handler
 	// looks at it (arriveLocal): one call at a time.
 	// +checklocks:mu

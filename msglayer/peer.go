@@ -30,6 +30,7 @@ type peer struct {
 	connected        bool      // paired with remoteID: a connect or its reply named it
 	dead             bool      // retransmissions gave up: sends fail until a new connect
 	local            *Endpoint // same-process endpoint: messages skip the NIC
+	localHeld        int       // its messages to us held at our bound (engine.localHeld)
 	mtu              int       // frames to the peer: the smaller of both MTUs
 	tm               timer     // in ep.timers while it has frames in flight or an ack due
 
@@ -452,9 +453,19 @@ func (p *peer) clear(code Code) {
 // +checklocks:p.ep.eng.mu
 func (p *peer) failAll(code Code) {
 	e := p.ep
-	if p.local != nil {
-		// Our same-process messages to it that wait for the driver.
-		e.eng.dropLocalTo(e, p.local, code)
+	// A same-process sender learns what a sender over the network would:
+	// that we are gone (the engine nacks frames for a closed endpoint),
+	// or that the exchange was dropped.
+	sendCode := Aborted
+	if code == Closed {
+		sendCode = BadEndpoint
+	}
+	if t := p.local; t != nil {
+		// Our same-process messages to it that wait for the driver, and
+		// its to us held at our bound (as its records here, below).
+		e.eng.dropLocalTo(e, t, code)
+		e.eng.dropLocalIf(func(m localMsg) (Code, bool) { return sendCode, m.r.ep == t && m.to == e })
+		p.localHeld = 0
 	}
 	// Sends: in the window, waiting for it, and rendezvous offered to the
 	// peer. One send may be all three (a message partly framed, or a
@@ -496,6 +507,7 @@ func (p *peer) failAll(code Code) {
 			if s := u.localSend; s != nil && s.ep == e {
 				t.match.removeUnexp(u)
 				t.unexpRndv--
+				t.heldRoom()
 				fail(s)
 			}
 		})
@@ -512,14 +524,7 @@ func (p *peer) failAll(code Code) {
 	p.abandonIn(code)
 	// Unexpected messages whose data will never come: rendezvous records
 	// (the data was at the peer) and eager messages still incomplete. A
-	// complete eager message is kept: its data is here. A same-process
-	// sender learns what a sender over the network would: that we are
-	// gone (the engine nacks frames for a closed endpoint), or that the
-	// exchange was dropped.
-	sendCode := Aborted
-	if code == Closed {
-		sendCode = BadEndpoint
-	}
+	// complete eager message is kept: its data is here.
 	e.match.eachUnexp(func(u *unexp) {
 		if u.src == p && !(u.localSend == nil && !u.rndv && u.complete()) {
 			e.dropUnexp(u, sendCode)

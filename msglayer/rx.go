@@ -536,6 +536,7 @@ func (e *Endpoint) processFrame(p *peer, f []byte, h *header, now int64) outcome
 		if e.unexpRndv >= e.cfg.MaxUnexpectedRndv {
 			// The sender retransmits until there is room; the handler
 			// sees the message then, once.
+			e.stats.RndvDeferred++
 			return dropped
 		}
 		if !converted || !p.refusedSeen {
@@ -626,9 +627,11 @@ func (e *Endpoint) dropUnexp(u *unexp, sendCode Code) {
 	switch {
 	case u.localSend != nil:
 		e.unexpRndv--
+		e.heldRoom()
 		u.localSend.ep.complete(u.localSend, sendCode)
 	case u.rndv:
 		e.unexpRndv--
+		e.heldRoom()
 	default:
 		e.unexpBytes -= unexpCost(int(u.msgLen))
 	}

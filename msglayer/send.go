@@ -93,10 +93,12 @@ func (e *Endpoint) pumpAll(now int64) {
 	}
 }
 
-// localMsg is a same-process message waiting for the driver (engine.localIn).
+// localMsg is a same-process message waiting for the driver
+// (engine.localIn), or for room at its receiver (engine.localHeld).
 type localMsg struct {
-	r  *request
-	to *Endpoint
+	r    *request
+	to   *Endpoint
+	seen bool // the receiver's unexpected-message handler saw it
 }
 
 // sendLocal delivers a message to an endpoint of the same engine without
@@ -113,7 +115,7 @@ type localMsg struct {
 // +checklocks:e.eng.mu
 func (e *Endpoint) sendLocal(p *peer, r *request) {
 	g := e.eng
-	if g.localHead == len(g.localIn) && !g.localRunning && e.arriveLocal(p.local, r, false) {
+	if g.localHead == len(g.localIn) && !g.localRunning && e.arriveLocal(localMsg{r: r, to: p.local}, false) {
 		return
 	}
 	g.localIn = append(g.localIn, localMsg{r: r, to: p.local})
@@ -122,10 +124,11 @@ func (e *Endpoint) sendLocal(p *peer, r *request) {
 }
 
 // runLocal hands the same-process messages queued so far to their
-// receivers, in order (arriveLocal). The driver calls it. The handlers it
-// calls release the lock: messages sent meanwhile queue behind (they wait
-// for the next round), and Close or Disconnect complete the queued ones
-// they concern, and the one being handed over (localCur), at once.
+// receivers, in order (arriveLocal), after the held ones whose receiver
+// has room again. The driver calls it. The handlers it calls release the
+// lock: messages sent meanwhile queue behind (they wait for the next
+// round), and Close or Disconnect complete the queued ones they concern,
+// and the one being handed over (localCur), at once.
 //
 // +checklocks:g.mu
 func (g *engine) runLocal() {
@@ -133,12 +136,15 @@ func (g *engine) runLocal() {
 		return
 	}
 	g.localRunning = true
+	if g.localRetry {
+		g.retryHeld()
+	}
 	for n := len(g.localIn) - g.localHead; n > 0 && g.localHead < len(g.localIn); n-- {
 		m := g.localIn[g.localHead]
 		g.localIn[g.localHead] = localMsg{}
 		g.localHead++
 		g.localCur = m
-		m.r.ep.arriveLocal(m.to, m.r, true)
+		m.r.ep.arriveLocal(m, true)
 		g.localCur = localMsg{}
 	}
 	// The messages left (sent meanwhile) move to the front: the slice
@@ -147,7 +153,63 @@ func (g *engine) runLocal() {
 	clear(g.localIn[n:])
 	g.localIn, g.localHead = g.localIn[:n], 0
 	g.localRunning = false
-	g.localQueued.Store(g.localHead < len(g.localIn))
+	g.localQueued.Store(g.localHead < len(g.localIn) || g.localRetry)
+}
+
+// holdLocal holds m, from e, at its receiver's MaxUnexpectedRndv bound,
+// or behind e's messages to it held there: it stays pending until the
+// receiver has room (heldRoom), as over the network, where a record at
+// the bound is dropped and sent again, and the frames behind it wait.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) holdLocal(m localMsg, tp *peer) {
+	e.eng.localHeld = append(e.eng.localHeld, m)
+	tp.localHeld++
+	m.to.heldLocal++
+}
+
+// heldRoom notes that the endpoint may take a record again (a receive
+// was posted, a record taken or dropped): the driver hands the messages
+// held for it over again (runLocal).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) heldRoom() {
+	if e.heldLocal == 0 {
+		return
+	}
+	g := e.eng
+	e.heldRetry, g.localRetry = true, true
+	g.localQueued.Store(true)
+	g.signal()
+}
+
+// retryHeld moves the held messages whose receiver may have room to the
+// front of localIn, in order: each is handed over again before anything
+// its sender sent after it. Those that find no room are held again.
+//
+// +checklocks:g.mu
+func (g *engine) retryHeld() {
+	g.localRetry = false
+	kept, moved := g.localHeld[:0], make([]localMsg, 0, len(g.localHeld)+len(g.localIn)-g.localHead)
+	for _, m := range g.localHeld {
+		t := m.to
+		if !t.heldRetry {
+			kept = append(kept, m)
+			continue
+		}
+		if tp := t.peers[m.r.ep.addr]; tp != nil {
+			tp.localHeld = 0 // its held messages all move (they are behind no other)
+		}
+		t.heldLocal--
+		moved = append(moved, m)
+	}
+	for _, m := range moved {
+		m.to.heldRetry = false
+	}
+	clear(g.localHeld[len(kept):])
+	g.localHeld = kept
+	g.localIn = append(moved, g.localIn[g.localHead:]...)
+	g.localHead = 0
 }
 
 // dropLocal completes the same-process messages waiting for the driver,
@@ -200,7 +262,22 @@ func (g *engine) dropLocalIf(drop func(localMsg) (Code, bool)) {
 	if g.localHead == len(g.localIn) {
 		g.localIn, g.localHead = g.localIn[:0], 0
 	}
-	g.localQueued.Store(g.localHead < len(g.localIn))
+	g.localQueued.Store(g.localHead < len(g.localIn) || g.localRetry)
+	held := g.localHeld[:0]
+	for _, m := range g.localHeld {
+		code, ok := drop(m)
+		if !ok {
+			held = append(held, m)
+			continue
+		}
+		if tp := m.to.peers[m.r.ep.addr]; tp != nil {
+			tp.localHeld--
+		}
+		m.to.heldLocal--
+		m.r.ep.complete(m.r, code)
+	}
+	clear(g.localHeld[len(held):])
+	g.localHeld = held
 }
 
 // localGone reports whether same-process endpoint t can take nothing
@@ -226,10 +303,11 @@ func localGone(t, e *Endpoint) (Code, bool) {
 // delivering nothing, when t's handler must see the message.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
+func (e *Endpoint) arriveLocal(m localMsg, driver bool) bool {
+	t, r := m.to, m.r
 	tp := t.peers[e.addr]
 	switch {
-	case e.closed: // only when handler: queued, then its sender closed
+	case e.closed: // only from the driver: queued, then its sender closed
 		e.complete(r, Closed)
 		return true
 	case t.closed || tp == nil:
@@ -237,14 +315,26 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 		code, _ := localGone(t, e)
 		e.complete(r, code)
 		return true
+	case tp.localHeld > 0:
+		// Behind our messages held at t's bound: each sender's messages
+		// are matched in the order it sent them.
+		e.holdLocal(m, tp)
+		return true
 	}
 	if rr := t.match.arrive(r.match); rr != nil {
 		t.deliverLocal(r, rr, e.addr)
 		return true
 	}
-	if t.cfg.UnexpectedHandler != nil {
-		if !handler {
+	if t.cfg.UnexpectedHandler != nil && !m.seen {
+		if !driver {
 			return false
+		}
+		if !localEager(r) && t.unexpRndv >= t.cfg.MaxUnexpectedRndv {
+			// As over the network, where the handler sees a rendezvous
+			// message once its record finds room.
+			t.stats.RndvDeferred++
+			e.holdLocal(m, tp)
+			return true
 		}
 		// The handler sees what it would over the network: the data of a
 		// message that would go in one eager frame (eager: not above the
@@ -279,7 +369,7 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 			// As over the network: an eager message was taken whole; a
 			// rendezvous one, whose data stays here, had none delivered.
 			r.status.XferLen = r.length
-			if r.sync || r.length > e.cfg.RendezvousThreshold {
+			if !localEager(r) {
 				r.status.XferLen = 0
 			}
 			e.complete(r, Success)
@@ -289,9 +379,31 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 			t.deliverLocal(r, rr, e.addr)
 			return true
 		}
+		m.seen = true
+	}
+	if t.unexpRndv >= t.cfg.MaxUnexpectedRndv && !t.takesCopy(r) {
+		t.stats.RndvDeferred++
+		e.holdLocal(m, tp)
+		return true
 	}
 	t.queueLocal(tp, r)
 	return true
+}
+
+// localEager reports whether same-process send r goes as an eager
+// message would over the network: not synchronous, and not above its
+// sender's rendezvous threshold.
+func localEager(r *request) bool {
+	return !r.sync && r.length <= r.ep.cfg.RendezvousThreshold
+}
+
+// takesCopy reports whether same-process send r, unexpected at t, goes to
+// t's unexpected queue as a copy (an eager message within the memory
+// bound) rather than as a record.
+//
+// +checklocks:t.eng.mu
+func (t *Endpoint) takesCopy(r *request) bool {
+	return localEager(r) && t.unexpBytes+unexpCost(r.length) <= t.cfg.UnexpectedBytes
 }
 
 // queueLocal puts r, from peer tp, in t's unexpected queue: a copy within
@@ -300,8 +412,7 @@ func (e *Endpoint) arriveLocal(t *Endpoint, r *request, handler bool) bool {
 // +checklocks:t.eng.mu
 func (t *Endpoint) queueLocal(tp *peer, r *request) {
 	u := &unexp{src: tp, match: r.match, msgLen: uint32(r.length)}
-	eager := !r.sync && r.length <= r.ep.cfg.RendezvousThreshold
-	if eager && t.unexpBytes+unexpCost(r.length) <= t.cfg.UnexpectedBytes {
+	if t.takesCopy(r) {
 		u.data = make([]byte, r.length)
 		copyFromSegs(u.data, r.segs, 0)
 		u.received = u.msgLen
@@ -311,7 +422,7 @@ func (t *Endpoint) queueLocal(tp *peer, r *request) {
 		r.status.XferLen = r.length
 		r.ep.complete(r, Success)
 	} else {
-		if eager {
+		if localEager(r) {
 			// Refused for want of memory and sent as a record, as over
 			// the network, and counted so on both sides.
 			t.stats.EagerRefused++

@@ -1,0 +1,177 @@
+package msglayer_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/xmx-stack/xmx/msglayer"
+)
+
+// rndvBoundSizes are the messages of the MaxUnexpectedRndv tests: with a
+// 1-byte unexpected-memory bound every one of them, eager or not, waits
+// at the receiver as a rendezvous record.
+var rndvBoundSizes = []int{100000, 50, 0, 70000, 200, 3}
+
+// sendAll posts one send of rndvBoundSizes[i] with match info i, to dst.
+func sendAll(t *testing.T, a, dst *msglayer.Endpoint) []msglayer.Request {
+	t.Helper()
+	var sends []msglayer.Request
+	for i, n := range rndvBoundSizes {
+		s, err := a.Isend(dst.Addr(), uint64(i), [][]byte{message(i, n)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends = append(sends, s)
+	}
+	return sends
+}
+
+// awaitDeferred drives dst until a record found no room (over the
+// network: the records have arrived and one more was refused).
+func awaitDeferred(t *testing.T, dst *msglayer.Endpoint) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for dst.Counters().RndvDeferred == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v: no rendezvous record deferred in 5 s: %+v", dst.Addr(), dst.Counters())
+		}
+		dst.Iprobe(0, 0) // drives the link
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestUnexpectedRndvBoundSamePaths floods a receiver with more
+// unexpected messages than MaxUnexpectedRndv records, over the network
+// and from an endpoint of the same process: it never holds more records
+// than the bound, the others wait at their sender, unseen by probes, and
+// every message arrives, in order, once receives are posted, even the
+// first of them for the last message. Before, a same-process sender's
+// records went past the bound.
+func TestUnexpectedRndvBoundSamePaths(t *testing.T) {
+	const bound = 2
+	ctx := ctxFor(t, 20*time.Second)
+	a, b, c, _ := threeEPs(t, msglayer.Config{UnexpectedBytes: 1, MaxUnexpectedRndv: bound}, nil)
+	for _, dst := range []*msglayer.Endpoint{b, c} {
+		sends := sendAll(t, a, dst)
+		awaitDeferred(t, dst)
+		last := len(rndvBoundSizes) - 1
+		for i := bound; i <= last; i++ {
+			if _, ok := dst.Iprobe(uint64(i), ^uint64(0)); ok {
+				t.Errorf("%v: message %d shows to Iprobe beyond the bound of %d records", dst.Addr(), i, bound)
+			}
+		}
+		// The last message's receive first: it waits behind the others.
+		bufs := make([][]byte, len(rndvBoundSizes))
+		recvs := make([]msglayer.Request, len(rndvBoundSizes))
+		post := func(i int) {
+			bufs[i] = make([]byte, rndvBoundSizes[i])
+			r, err := dst.Irecv(uint64(i), ^uint64(0), [][]byte{bufs[i]}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recvs[i] = r
+		}
+		post(last)
+		for i := range last {
+			if now := dst.Counters().UnexpectedRndvNow; now > bound {
+				t.Fatalf("%v: %d records held, over the bound of %d", dst.Addr(), now, bound)
+			}
+			post(i)
+			st, err := dst.Wait(ctx, recvs[i])
+			if err != nil || st.Code != msglayer.Success || st.XferLen != rndvBoundSizes[i] {
+				t.Fatalf("%v: receive %d: %+v, %v", dst.Addr(), i, st, err)
+			}
+			checkMessage(t, bufs[i], i, rndvBoundSizes[i])
+		}
+		if st, err := dst.Wait(ctx, recvs[last]); err != nil || st.XferLen != rndvBoundSizes[last] {
+			t.Fatalf("%v: receive %d: %+v, %v", dst.Addr(), last, st, err)
+		}
+		checkMessage(t, bufs[last], last, rndvBoundSizes[last])
+		for i, s := range sends {
+			if st, err := a.Wait(ctx, s); err != nil || st.Code != msglayer.Success {
+				t.Fatalf("send %d to %v: %+v, %v", i, dst.Addr(), st, err)
+			}
+		}
+		if cs := dst.Counters(); cs.UnexpectedRndvNow != 0 || cs.RndvDeferred == 0 {
+			t.Errorf("%v: UnexpectedRndvNow %d, RndvDeferred %d at the end, want 0 and some", dst.Addr(), cs.UnexpectedRndvNow, cs.RndvDeferred)
+		}
+	}
+}
+
+// TestUnexpectedRndvBoundHandlerOnce: the receiver's unexpected-message
+// handler sees a message at most once, over the network and in the
+// process, whether it came when there was room or had to wait for it.
+func TestUnexpectedRndvBoundHandlerOnce(t *testing.T) {
+	const bound = 1
+	ctx := ctxFor(t, 20*time.Second)
+	var mu sync.Mutex // b's and c's drivers call the handler
+	seen := map[uint64]int{}
+	h := func(m msglayer.UnexpectedMessage) msglayer.HandlerAction {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[m.Match]++
+		return msglayer.Continue
+	}
+	a, b, c, _ := threeEPs(t, msglayer.Config{UnexpectedBytes: 1, MaxUnexpectedRndv: bound}, h)
+	for _, dst := range []*msglayer.Endpoint{b, c} {
+		sends := sendAll(t, a, dst)
+		awaitDeferred(t, dst)
+		for i, n := range rndvBoundSizes {
+			buf := make([]byte, n)
+			r, _ := dst.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+			if st, err := dst.Wait(ctx, r); err != nil || st.XferLen != n {
+				t.Fatalf("%v: receive %d: %+v, %v", dst.Addr(), i, st, err)
+			}
+			checkMessage(t, buf, i, n)
+		}
+		for _, s := range sends {
+			if _, err := a.Wait(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+		}
+		mu.Lock()
+		// Messages 0 and 1 came before any receive was posted; a later
+		// one may find its receive posted by the time it has room (then
+		// the handler has no say), but none is shown twice.
+		for i := range rndvBoundSizes {
+			if n := seen[uint64(i)]; n > 1 || (i < 2 && n != 1) {
+				t.Errorf("%v: its handler saw message %d %d times", dst.Addr(), i, n)
+			}
+		}
+		clear(seen)
+		mu.Unlock()
+	}
+}
+
+// TestUnexpectedRndvHeldEnds: same-process messages held at the bound
+// complete when the exchange ends: the receiver closes (BadEndpoint),
+// the receiver forgets the sender (Aborted, as for its records), the
+// sender closes (Closed).
+func TestUnexpectedRndvHeldEnds(t *testing.T) {
+	cfg := msglayer.Config{UnexpectedBytes: 1, MaxUnexpectedRndv: 1}
+	cases := []struct {
+		name string
+		end  func(a, c *msglayer.Endpoint)
+		want msglayer.Code
+	}{
+		{"receiver closes", func(a, c *msglayer.Endpoint) { c.Close() }, msglayer.BadEndpoint},
+		{"receiver disconnects", func(a, c *msglayer.Endpoint) { c.Disconnect(a.Addr()) }, msglayer.Aborted},
+		{"sender closes", func(a, c *msglayer.Endpoint) { a.Close() }, msglayer.Closed},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxFor(t, 10*time.Second)
+			a, _, c, _ := threeEPs(t, cfg, nil)
+			sends := sendAll(t, a, c)
+			awaitDeferred(t, c)
+			tc.end(a, c)
+			for i, s := range sends {
+				st, err := a.Wait(ctx, s)
+				if st.Code != tc.want {
+					t.Errorf("send %d: %v, %v; want %v", i, st.Code, err, tc.want)
+				}
+			}
+		})
+	}
+}
