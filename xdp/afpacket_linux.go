@@ -122,6 +122,10 @@ type AFPacketLink struct {
 	txIov  []unix.Iovec
 	txPoll [2]unix.PollFd // socket POLLOUT, eventfd POLLIN
 	txTs   unix.Timespec  // poll timeout of a Send waiting for room
+	// txStuck: the last frame tried stalled for afpacketSendStall, and
+	// none went since (a peer whose carrier is gone, say): a Send tries
+	// once and fails at once, instead of waiting again.
+	txStuck bool
 	// txBuild holds Batch frames of MaxFrameLen bytes, where SendBuilt and
 	// SendTails have them built before one sendmmsg; allocated by the
 	// first of them. txWhole is SendBuilt's Builder as a Tailer.
@@ -450,7 +454,9 @@ func (l *AFPacketLink) askGone() error {
 // returns how many it took. It waits while the kernel has no room (EAGAIN,
 // or ENOBUFS when the driver or the peer's queue dropped the frame, which it
 // resends) for at most a second without progress, then fails with
-// ErrTxStalled. Frames are validated as they come: the frames before an
+// ErrTxStalled; until a frame goes again, later Sends try once and fail
+// with it at once, so that an outage (a peer's carrier gone) costs its
+// callers one wait, not one each. Frames are validated as they come: the frames before an
 // invalid one (too long: ErrFrameTooLong; too short: ErrFrameTooShort) are
 // sent and counted in n. A frame the kernel refuses (ENETDOWN, ENXIO,
 // EMSGSIZE..., or a stalled wait) is counted in Stats.TxErrors and Send
@@ -621,6 +627,7 @@ func (l *AFPacketLink) sendBatch(k int) (int, error) {
 			done += r
 			stall = time.Time{}
 			backoff = afpacketMinBackoff
+			l.txStuck = false
 			continue
 		}
 		switch e {
@@ -639,11 +646,16 @@ func (l *AFPacketLink) sendBatch(k int) (int, error) {
 		if l.closed.Load() {
 			return done, l.opErr("send", net.ErrClosed)
 		}
+		if l.txStuck {
+			l.txErrors.Add(1)
+			return done, l.opErr("send", fmt.Errorf("%w: no progress since a wait of %v (%w)", ErrTxStalled, afpacketSendStall, e))
+		}
 		now := time.Now()
 		if stall.IsZero() {
 			stall = now.Add(afpacketSendStall)
 		} else if !now.Before(stall) {
 			l.txErrors.Add(1)
+			l.txStuck = true
 			return done, l.opErr("send", fmt.Errorf("%w: no progress for %v (%w)", ErrTxStalled, afpacketSendStall, e))
 		}
 		var fds []unix.PollFd

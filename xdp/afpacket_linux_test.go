@@ -710,38 +710,73 @@ func TestAFPacketCloseUnblocksRecv(t *testing.T) {
 }
 
 // TestAFPacketSendStall takes the peer down, so that every frame is refused
-// with ENOBUFS: Send gives up with ErrTxStalled, and Close wakes a stalled
-// Send at once.
+// with ENOBUFS: Send gives up with ErrTxStalled, and later Sends fail at
+// once until a frame goes again (before, each waited the whole stall).
+// Close wakes a stalled Send at once.
 func TestAFPacketSendStall(t *testing.T) {
 	lab := newPktLab(t)
 	a, b := lab.pair(t, AFPacketConfig{}, AFPacketConfig{})
 	f := pktFrame(make([]byte, 100), b.HardwareAddr(), a.HardwareAddr(), DefaultEtherType, 0, 100)
-	if err := pktIP("-n", lab.nsB, "link", "set", "eth0", "down"); err != nil {
-		t.Fatal(err)
+	peer := func(state string) {
+		t.Helper()
+		if err := pktIP("-n", lab.nsB, "link", "set", "eth0", state); err != nil {
+			t.Fatal(err)
+		}
 	}
-	start := time.Now()
-	n, err := a.Send([][]byte{f})
-	el := time.Since(start)
-	if n != 0 || !errors.Is(err, ErrTxStalled) || !errors.Is(err, unix.ENOBUFS) {
-		t.Fatalf("Send to a downed peer = %d, %v; want 0, ErrTxStalled", n, err)
+	stalled := func(what string, min, max time.Duration) {
+		t.Helper()
+		start := time.Now()
+		n, err := a.Send([][]byte{f})
+		el := time.Since(start)
+		if n != 0 || !errors.Is(err, ErrTxStalled) || !errors.Is(err, unix.ENOBUFS) {
+			t.Fatalf("%s: Send to a downed peer = %d, %v; want 0, ErrTxStalled", what, n, err)
+		}
+		if el < min || el > max {
+			t.Errorf("%s: stalled Send returned after %v, want %v to %v", what, el, min, max)
+		}
 	}
-	if el < afpacketSendStall || el > afpacketSendStall+time.Second {
-		t.Errorf("stalled Send returned after %v", el)
+	peer("down")
+	stalled("first Send", afpacketSendStall, afpacketSendStall+time.Second)
+	for i := range 3 {
+		stalled(fmt.Sprintf("Send %d after the stall", i+2), 0, 100*time.Millisecond)
 	}
-	if st := a.Stats(); st.TxErrors != 1 || st.TxFrames != 0 {
-		t.Errorf("stats %+v, want 1 error", st)
+	if st := a.Stats(); st.TxErrors != 4 || st.TxFrames != 0 {
+		t.Errorf("stats %+v, want 4 errors", st)
 	}
 
+	// Back up: the next Send goes, and a new outage waits again.
+	peer("up")
+	lab.waitUp(t, lab.nsB)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n, err := a.Send([][]byte{f})
+		if err == nil && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Send after the peer came back = %d, %v", n, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	bufs, sizes := pktBufs(4, 2048)
+	k, err := b.Recv(bufs, sizes, time.Second)
+	if errors.Is(err, unix.ENETDOWN) { // once, after the interface was down
+		k, err = b.Recv(bufs, sizes, time.Second)
+	}
+	if k < 1 || err != nil {
+		t.Fatalf("Recv after the peer came back = %d, %v", k, err)
+	}
+	peer("down")
 	errc := make(chan error, 1)
 	go func() {
 		_, err := a.Send([][]byte{f})
 		errc <- err
 	}()
 	time.Sleep(100 * time.Millisecond)
-	start = time.Now()
+	start := time.Now()
 	a.Close()
 	if err := <-errc; !errors.Is(err, net.ErrClosed) {
-		t.Errorf("stalled Send returned %v after Close, want net.ErrClosed", err)
+		t.Errorf("stalled Send returned %v after Close, want net.ErrClosed (it must have waited)", err)
 	}
 	if el := time.Since(start); el > 200*time.Millisecond {
 		t.Errorf("Close took %v to wake a stalled Send", el)
