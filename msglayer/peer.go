@@ -539,8 +539,10 @@ func (p *peer) failAll(code Code) {
 func (p *peer) abandonIn(code Code) {
 	e := p.ep
 	if p.in.active {
-		if p.in.recv != nil {
-			e.complete(p.in.recv, code)
+		if r := p.in.recv; r != nil {
+			// Eager frames come in order: what arrived is a prefix.
+			r.status.XferLen = min(int(p.in.received), r.length)
+			e.complete(r, code)
 		}
 		if u := p.in.u; u != nil {
 			e.dropUnexp(u, Aborted) // a network message: no local send

@@ -33,6 +33,18 @@ type pull struct {
 	tm           timer // in the endpoint's timers while blocks are in flight
 }
 
+// delivered is the length of the prefix of the data that has arrived:
+// the blocks below next, but for those still in flight.
+func (pl *pull) delivered() uint32 {
+	d := pl.next
+	for i := range pl.blocks {
+		if b := &pl.blocks[i]; b.active && b.offset < d {
+			d = b.offset
+		}
+	}
+	return d
+}
+
 type pullBlock struct {
 	active         bool
 	frames         int // frames of the block, counted in the engine's budget
@@ -572,6 +584,9 @@ func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) endPull(pl *pull, code Code) {
+	if code != Success {
+		pl.r.status.XferLen = int(pl.delivered())
+	}
 	delete(e.pulls, pl.id)
 	pl.ended = true
 	e.timers.remove(&pl.tm)

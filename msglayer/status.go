@@ -98,6 +98,8 @@ type Status struct {
 	// before (an eager message, acknowledged or buffered by the receiver,
 	// or taken by its unexpected-message handler) reports its whole length.
 	// A rendezvous message the receiver's handler took had 0 delivered.
+	// A receive that failed (its peer unreachable, say) reports the
+	// prefix of the data that had arrived: its buffer holds those bytes.
 	XferLen int
 	Context any // the context given when the request was posted
 }
