@@ -331,10 +331,12 @@ type Endpoint struct {
 	// +checklocks:eng.mu
 	unexpRndv int
 	// heldLocal counts the same-process messages to this endpoint held
-	// at its MaxUnexpectedRndv bound (engine.localHeld).
+	// at its MaxUnexpectedRndv bound, in the chains of heldPeers (one a
+	// sender: peer.held). heldRetry: it is in engine.localRetry.
 	// +checklocks:eng.mu
 	heldLocal int
-	// heldRetry: the endpoint may have room for them again (heldRoom).
+	// +checklocks:eng.mu
+	heldPeers []*peer
 	// +checklocks:eng.mu
 	heldRetry bool
 	// oooHeld counts the frames the endpoint's peers hold out of order

@@ -135,7 +135,7 @@ type engine struct {
 	// (prepareSleep).
 	reschedAt int64
 
-	// localQueued: localIn holds messages, or localRetry is set. Set
+	// localQueued: localIn or localRetry is not empty. Set
 	// under the lock; the driver looks at it without, at each poll and
 	// before each sleep.
 	localQueued atomic.Bool
@@ -156,15 +156,19 @@ type engine struct {
 	localCur localMsg
 	// +checklocks:mu
 	localRunning bool
-	// localHeld: same-process messages held at their receiver's
-	// MaxUnexpectedRndv bound (Endpoint.holdLocal), and the ones each
-	// sender sent to that receiver after them, in the order they were
-	// sent. localRetry: some receiver has room again (Endpoint.heldRoom):
-	// runLocal hands its held messages over again, ahead of localIn.
+	// localRetry: the endpoints that may have room again for the
+	// same-process messages held at their MaxUnexpectedRndv bound
+	// (Endpoint.heldRoom); runLocal hands some of those messages over
+	// again (retryHeld). retrying: the endpoints of the round under way,
+	// whose chains settleHeld puts in order when it ends.
 	// +checklocks:mu
-	localHeld []localMsg
+	localRetry []*Endpoint
 	// +checklocks:mu
-	localRetry bool
+	retrying []*Endpoint
+	// heldRetried counts the held messages retryHeld took (for tests: a
+	// message's hand-overs, not one a held message at every event).
+	// +checklocks:mu
+	heldRetried int
 	// localData holds a same-process message's data while the handler
 	// looks at it (arriveLocal): one call at a time.
 	// +checklocks:mu

@@ -197,3 +197,11 @@ const (
 	MaxAutoSpin    = maxAutoSpin
 	AutoSpinWindow = autoSpinWindow
 )
+
+// HeldRetried returns how many same-process messages held at a receiver's
+// MaxUnexpectedRndv bound the endpoint's engine took to hand over again.
+func (e *Endpoint) HeldRetried() int {
+	e.eng.mu.Lock()
+	defer e.eng.mu.Unlock()
+	return e.eng.heldRetried
+}

@@ -30,7 +30,6 @@ type peer struct {
 	connected        bool      // paired with remoteID: a connect or its reply named it
 	dead             bool      // retransmissions gave up: sends fail until a new connect
 	local            *Endpoint // same-process endpoint: messages skip the NIC
-	localHeld        int       // its messages to us held at our bound (engine.localHeld)
 	mtu              int       // frames to the peer: the smaller of both MTUs
 	tm               timer     // in ep.timers while it has frames in flight or an ack due
 
@@ -125,6 +124,11 @@ type peer struct {
 	// ch is what a challenge left (nil before the first): rare, and
 	// apart from the record, whose size the frame path feels.
 	ch *challengeState
+
+	// held: a same-process peer's messages to us held at our
+	// MaxUnexpectedRndv bound (nil before the first), apart from the
+	// record as ch is.
+	held *heldChain
 }
 
 // challengeState is a peer's state of challenges: the connects of the
@@ -465,7 +469,6 @@ func (p *peer) failAll(code Code) {
 		// its to us held at our bound (as its records here, below).
 		e.eng.dropLocalTo(e, t, code)
 		e.eng.dropLocalIf(func(m localMsg) (Code, bool) { return sendCode, m.r.ep == t && m.to == e })
-		p.localHeld = 0
 	}
 	// Sends: in the window, waiting for it, and rendezvous offered to the
 	// peer. One send may be all three (a message partly framed, or a

@@ -175,3 +175,112 @@ func TestUnexpectedRndvHeldEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestUnexpectedRndvHeldChains: each same-process sender's held messages
+// wait in a chain of their own. A receive for one sender's first held
+// message completes while another's chain still has no room, and every
+// message then arrives once the receives for the rest are posted, last
+// first.
+func TestUnexpectedRndvHeldChains(t *testing.T) {
+	const bound, n = 2, 5
+	cfg := msglayer.Config{UnexpectedBytes: 1, MaxUnexpectedRndv: bound}
+	ctx := ctxFor(t, 20*time.Second)
+	x, _, c, w := threeEPs(t, cfg, nil)
+	ycfg := cfg
+	ycfg.EndpointID, ycfg.Key = 4, 4
+	y := w.open(t, 0, ycfg)
+	if err := y.Connect(ctx, c.Addr(), uint32(c.Addr().EP)); err != nil {
+		t.Fatal(err)
+	}
+	match := func(from, i int) uint64 { return uint64(from)<<8 | uint64(i) }
+	var sends []msglayer.Request
+	for from, s := range []*msglayer.Endpoint{x, y} {
+		for i := range n {
+			r, err := s.Isend(c.Addr(), match(from, i), [][]byte{message(from*n+i, 1000)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, r)
+		}
+	}
+	// x's first two took the records; y's first waits at the bound.
+	recv := func(from, i int) {
+		t.Helper()
+		buf := make([]byte, 1000)
+		r, _ := c.Irecv(match(from, i), ^uint64(0), [][]byte{buf}, nil)
+		if st, err := c.Wait(ctx, r); err != nil || st.XferLen != 1000 {
+			t.Fatalf("receive %d from sender %d: %+v, %v", i, from, st, err)
+		}
+		checkMessage(t, buf, from*n+i, 1000)
+	}
+	recv(1, 0)
+	if now := c.Counters().UnexpectedRndvNow; now != bound {
+		t.Errorf("%d records held after y's first message went to its receive, want x's %d", now, bound)
+	}
+	// The rest posted last first, then waited for: a receiver that waited
+	// for x's last message alone would wait for ever, as over the
+	// network, since the records of x's first two hold the bound.
+	type posted struct {
+		from, i int
+		r       msglayer.Request
+		buf     []byte
+	}
+	var rest []posted
+	for i := n - 1; i >= 0; i-- {
+		for from := range 2 {
+			if from == 1 && i == 0 {
+				continue
+			}
+			p := posted{from: from, i: i, buf: make([]byte, 1000)}
+			p.r, _ = c.Irecv(match(from, i), ^uint64(0), [][]byte{p.buf}, nil)
+			rest = append(rest, p)
+		}
+	}
+	for _, p := range rest {
+		if st, err := c.Wait(ctx, p.r); err != nil || st.XferLen != 1000 {
+			t.Fatalf("receive %d from sender %d: %+v, %v", p.i, p.from, st, err)
+		}
+		checkMessage(t, p.buf, p.from*n+p.i, 1000)
+	}
+	for i, s := range sends {
+		if _, err := []*msglayer.Endpoint{x, y}[i/n].Wait(ctx, s); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+}
+
+// TestUnexpectedRndvHeldFlood: 2000 same-process messages past a bound of
+// 16 records, received in order: each held message is taken to be handed
+// over again about once, not once a receive.
+func TestUnexpectedRndvHeldFlood(t *testing.T) {
+	const n = 2000
+	ctx := ctxFor(t, 20*time.Second)
+	a, _, c, _ := threeEPs(t, msglayer.Config{UnexpectedBytes: 1, MaxUnexpectedRndv: 16}, nil)
+	var sends []msglayer.Request
+	for i := range n {
+		s, err := a.Isend(c.Addr(), uint64(i), [][]byte{message(i, 100)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sends = append(sends, s)
+	}
+	buf := make([]byte, 100)
+	for i := range n {
+		r, _ := c.Irecv(uint64(i), ^uint64(0), [][]byte{buf}, nil)
+		if _, err := c.Wait(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		checkMessage(t, buf, i, 100)
+		if now := c.Counters().UnexpectedRndvNow; now > 16 {
+			t.Fatalf("%d records held, over the bound of 16", now)
+		}
+	}
+	for _, s := range sends {
+		if _, err := a.Wait(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.HeldRetried(); got > 2*n {
+		t.Errorf("held messages taken again %d times for %d messages, want about one each", got, n)
+	}
+}

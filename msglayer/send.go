@@ -94,11 +94,12 @@ func (e *Endpoint) pumpAll(now int64) {
 }
 
 // localMsg is a same-process message waiting for the driver
-// (engine.localIn), or for room at its receiver (engine.localHeld).
+// (engine.localIn), or for room at its receiver (peer.held).
 type localMsg struct {
-	r    *request
-	to   *Endpoint
-	seen bool // the receiver's unexpected-message handler saw it
+	r       *request
+	to      *Endpoint
+	seen    bool // the receiver's unexpected-message handler saw it
+	retried bool // taken from its sender's held chain (retryHeld)
 }
 
 // sendLocal delivers a message to an endpoint of the same engine without
@@ -136,7 +137,7 @@ func (g *engine) runLocal() {
 		return
 	}
 	g.localRunning = true
-	if g.localRetry {
+	if len(g.localRetry) > 0 {
 		g.retryHeld()
 	}
 	for n := len(g.localIn) - g.localHead; n > 0 && g.localHead < len(g.localIn); n-- {
@@ -152,64 +153,11 @@ func (g *engine) runLocal() {
 	n := copy(g.localIn, g.localIn[g.localHead:])
 	clear(g.localIn[n:])
 	g.localIn, g.localHead = g.localIn[:n], 0
+	if len(g.retrying) > 0 {
+		g.settleHeld()
+	}
 	g.localRunning = false
-	g.localQueued.Store(g.localHead < len(g.localIn) || g.localRetry)
-}
-
-// holdLocal holds m, from e, at its receiver's MaxUnexpectedRndv bound,
-// or behind e's messages to it held there: it stays pending until the
-// receiver has room (heldRoom), as over the network, where a record at
-// the bound is dropped and sent again, and the frames behind it wait.
-//
-// +checklocks:e.eng.mu
-func (e *Endpoint) holdLocal(m localMsg, tp *peer) {
-	e.eng.localHeld = append(e.eng.localHeld, m)
-	tp.localHeld++
-	m.to.heldLocal++
-}
-
-// heldRoom notes that the endpoint may take a record again (a receive
-// was posted, a record taken or dropped): the driver hands the messages
-// held for it over again (runLocal).
-//
-// +checklocks:e.eng.mu
-func (e *Endpoint) heldRoom() {
-	if e.heldLocal == 0 {
-		return
-	}
-	g := e.eng
-	e.heldRetry, g.localRetry = true, true
-	g.localQueued.Store(true)
-	g.signal()
-}
-
-// retryHeld moves the held messages whose receiver may have room to the
-// front of localIn, in order: each is handed over again before anything
-// its sender sent after it. Those that find no room are held again.
-//
-// +checklocks:g.mu
-func (g *engine) retryHeld() {
-	g.localRetry = false
-	kept, moved := g.localHeld[:0], make([]localMsg, 0, len(g.localHeld)+len(g.localIn)-g.localHead)
-	for _, m := range g.localHeld {
-		t := m.to
-		if !t.heldRetry {
-			kept = append(kept, m)
-			continue
-		}
-		if tp := t.peers[m.r.ep.addr]; tp != nil {
-			tp.localHeld = 0 // its held messages all move (they are behind no other)
-		}
-		t.heldLocal--
-		moved = append(moved, m)
-	}
-	for _, m := range moved {
-		m.to.heldRetry = false
-	}
-	clear(g.localHeld[len(kept):])
-	g.localHeld = kept
-	g.localIn = append(moved, g.localIn[g.localHead:]...)
-	g.localHead = 0
+	g.localQueued.Store(g.localHead < len(g.localIn) || len(g.localRetry) > 0)
 }
 
 // dropLocal completes the same-process messages waiting for the driver,
@@ -262,22 +210,8 @@ func (g *engine) dropLocalIf(drop func(localMsg) (Code, bool)) {
 	if g.localHead == len(g.localIn) {
 		g.localIn, g.localHead = g.localIn[:0], 0
 	}
-	g.localQueued.Store(g.localHead < len(g.localIn) || g.localRetry)
-	held := g.localHeld[:0]
-	for _, m := range g.localHeld {
-		code, ok := drop(m)
-		if !ok {
-			held = append(held, m)
-			continue
-		}
-		if tp := m.to.peers[m.r.ep.addr]; tp != nil {
-			tp.localHeld--
-		}
-		m.to.heldLocal--
-		m.r.ep.complete(m.r, code)
-	}
-	clear(g.localHeld[len(held):])
-	g.localHeld = held
+	g.dropHeldIf(drop)
+	g.localQueued.Store(g.localHead < len(g.localIn) || len(g.localRetry) > 0)
 }
 
 // localGone reports whether same-process endpoint t can take nothing
@@ -315,10 +249,10 @@ func (e *Endpoint) arriveLocal(m localMsg, driver bool) bool {
 		code, _ := localGone(t, e)
 		e.complete(r, code)
 		return true
-	case tp.localHeld > 0:
+	case tp.holdsBefore(m):
 		// Behind our messages held at t's bound: each sender's messages
 		// are matched in the order it sent them.
-		e.holdLocal(m, tp)
+		t.holdLocal(tp, m)
 		return true
 	}
 	if rr := t.match.arrive(r.match); rr != nil {
@@ -333,7 +267,7 @@ func (e *Endpoint) arriveLocal(m localMsg, driver bool) bool {
 			// As over the network, where the handler sees a rendezvous
 			// message once its record finds room.
 			t.stats.RndvDeferred++
-			e.holdLocal(m, tp)
+			t.holdLocal(tp, m)
 			return true
 		}
 		// The handler sees what it would over the network: the data of a
@@ -383,7 +317,7 @@ func (e *Endpoint) arriveLocal(m localMsg, driver bool) bool {
 	}
 	if t.unexpRndv >= t.cfg.MaxUnexpectedRndv && !t.takesCopy(r) {
 		t.stats.RndvDeferred++
-		e.holdLocal(m, tp)
+		t.holdLocal(tp, m)
 		return true
 	}
 	t.queueLocal(tp, r)
