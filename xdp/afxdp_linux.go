@@ -251,6 +251,10 @@ type AFXDPLink struct {
 	txSlot    uint64 // bytes per send slot: txDescs(maxFrame) frames
 	// +checklocks:txMu
 	txPoll [2]unix.PollFd
+	// txStuck: a send waited sendWait and no frame completed since
+	// (waitTx): sends that find no room fail at once.
+	// +checklocks:txMu
+	txStuck bool
 
 	// The buffer area (AllocBuffer): UMEM frames from bufBase on, lent to
 	// callers, guarded by txMu like the rest of the send side. bufOwner
@@ -1090,6 +1094,7 @@ func (l *AFXDPLink) reclaim() {
 	if n == 0 {
 		return
 	}
+	l.txStuck = false
 	for i := uint32(0); i < n; i++ {
 		addr := l.comp.addrs[l.comp.cachedCons&l.comp.mask] &^ (l.frameSize - 1)
 		l.comp.cachedCons++
@@ -1184,7 +1189,9 @@ func (l *AFXDPLink) kickStalled() {
 }
 
 // waitTx waits for the kernel to complete some sends, failing once the link
-// has made no progress for the send timeout.
+// has made no progress for the send timeout; after that, until a send
+// completes (reclaim), it fails at once: an outage costs the link's
+// callers one wait, not one each.
 //
 // +checklocks:l.txMu
 func (l *AFXDPLink) waitTx(since time.Time) error {
@@ -1197,7 +1204,11 @@ func (l *AFXDPLink) waitTx(since time.Time) error {
 	if l.closed.Load() {
 		return l.closedErr("send")
 	}
+	if l.txStuck {
+		return &OpError{Op: "send", Interface: l.ifname, Err: fmt.Errorf("no frame completed since a wait of %v: %w", l.sendWait, ErrTxStalled)}
+	}
 	if time.Since(since) > l.sendWait {
+		l.txStuck = true
 		return &OpError{Op: "send", Interface: l.ifname, Err: fmt.Errorf("no frame completed for %v: %w", l.sendWait, ErrTxStalled)}
 	}
 	if l.spin {

@@ -363,3 +363,38 @@ func TestTxStallKickedByReceives(t *testing.T) {
 		t.Errorf("once the kernel took the frames: stalled %v, RxIdle %v; want false, true", l.txStalled.Load(), l.RxIdle())
 	}
 }
+
+// TestSendStallFailsFastUntilProgress: a Send that found no send slot for
+// sendWait fails with ErrTxStalled; later ones that find none fail at once
+// until a frame completes (each used to wait sendWait again); then a new
+// stall waits again.
+func TestSendStallFailsFastUntilProgress(t *testing.T) {
+	l := newFakeSG(t)
+	l.sendWait = 300 * time.Millisecond
+	frames := make([][]byte, len(l.txFree))
+	for i := range frames {
+		frames[i] = pattern(60, byte(i))
+	}
+	fill := func() {
+		t.Helper()
+		if n, err := l.Send(frames); n != len(frames) || err != nil {
+			t.Fatalf("Send of %d frames into %d idle slots = %d, %v", len(frames), len(frames), n, err)
+		}
+	}
+	stalled := func(what string, min, max time.Duration) {
+		t.Helper()
+		start := time.Now()
+		n, err := l.Send(frames[:1])
+		if el := time.Since(start); n != 0 || !errors.Is(err, ErrTxStalled) || el < min || el > max {
+			t.Fatalf("%s: Send with no idle slot = %d, %v after %v; want 0, ErrTxStalled after %v to %v", what, n, err, el, min, max)
+		}
+	}
+	fill()
+	stalled("first", l.sendWait, l.sendWait+time.Second)
+	for range 3 {
+		stalled("after the stall", 0, l.sendWait/2)
+	}
+	complete(l)
+	fill()
+	stalled("after frames completed", l.sendWait, l.sendWait+time.Second)
+}
