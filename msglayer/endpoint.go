@@ -63,9 +63,9 @@ type Config struct {
 	// (default 65536). At the bound a peer's next record is dropped and
 	// resent until there is room, and the frames behind it from that peer
 	// (the notifies that complete our sends to it included) wait with it.
-	// A same-process sender's message at the bound waits, pending, with
-	// the ones it sends us after it, until a receive is posted or a
-	// record taken.
+	// A same-process sender's message at the bound is held here, its
+	// send pending, with the ones that sender sends us after it, until a
+	// receive is posted, a record taken or unexpected memory freed.
 	MaxUnexpectedRndv int
 	// MaxPeers bounds the records of peers that connect to the endpoint
 	// (default 1024, as Open-MX's peer table; each costs about 20 KiB with
@@ -394,7 +394,7 @@ type Counters struct {
 	UnexpectedBytes     uint64 // eager bytes held for them
 	UnexpectedBytesNow  int    // held now, against UnexpectedBytes (records included)
 	UnexpectedRndvNow   int    // rendezvous records held now, against MaxUnexpectedRndv
-	RndvDeferred        uint64 // rendezvous records that found no room under MaxUnexpectedRndv: dropped, to come again (network), or held at their sender (same process)
+	RndvDeferred        uint64 // times a rendezvous record found no room under MaxUnexpectedRndv (each try counts): dropped, to come again (network), or held, its send pending (same process)
 	Pulls               uint64 // rendezvous pulls started
 	PullRequests        uint64 // pull requests sent (re-requests included)
 	PullReplies         uint64 // data frames sent for pulls

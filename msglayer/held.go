@@ -14,10 +14,11 @@ package msglayer
 // and one more (a posted receive may match it), and hands them over
 // ahead of the messages queued since (retryHeld). Those that still find
 // no room, and the ones after them, go back to the front of their chain
-// when the round ends (settleHeld); a chain whose messages all went on
-// is tried again in the next round. So a message costs its hand-overs,
-// not one look per held message at every event, and nothing polls while
-// the receiver has no room.
+// when the round ends (settleHeld); a receiver one of whose chains went
+// on whole is tried again in the next round. So an event costs a look at
+// the first message of each sender's chain (at most one chain an
+// endpoint of the process), not one a held message, and nothing polls
+// while the receiver has no room.
 
 // heldChain is one sender's messages held at a receiver: msgs[head:] in
 // the order they were sent; reheld, those of the round under way held
@@ -70,8 +71,9 @@ func (t *Endpoint) holdLocal(tp *peer, m localMsg) {
 	}
 }
 
-// heldRoom notes that the endpoint may take a record again: the driver
-// hands the messages held for it over again (runLocal).
+// heldRoom notes that the endpoint may take a held message again (a
+// receive posted, a record taken or dropped, unexpected memory freed):
+// the driver hands the messages held for it over again (runLocal).
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) heldRoom() {
@@ -179,7 +181,6 @@ func (e *Endpoint) dropHeld(tp *peer, code Code) {
 	clear(c.msgs)
 	c.msgs, c.head, c.reheld = c.msgs[:0], 0, c.reheld[:0]
 	e.heldLocal -= n
-	// The chain stays listed: settleHeld unlists empty ones.
 }
 
 // dropHeldIf completes the held messages drop picks; all of a chain's
@@ -191,6 +192,7 @@ func (g *engine) dropHeldIf(drop func(localMsg) (Code, bool)) {
 		if t == nil || t.heldLocal == 0 {
 			continue
 		}
+		kept := t.heldPeers[:0]
 		for _, tp := range t.heldPeers {
 			c := tp.held
 			var m localMsg
@@ -199,12 +201,20 @@ func (g *engine) dropHeldIf(drop func(localMsg) (Code, bool)) {
 				m = c.reheld[0]
 			case c.len() > 0:
 				m = c.msgs[c.head]
-			default:
+			}
+			if m.r != nil {
+				if code, ok := drop(m); ok {
+					t.dropHeld(tp, code)
+				}
+			}
+			if c.len() == 0 && !c.batched {
+				// (a chain of the round under way is settleHeld's to unlist)
+				c.listed = false
 				continue
 			}
-			if code, ok := drop(m); ok {
-				t.dropHeld(tp, code)
-			}
+			kept = append(kept, tp)
 		}
+		clear(t.heldPeers[len(kept):])
+		t.heldPeers = kept
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/xmx-stack/xmx/msglayer"
+	"github.com/xmx-stack/xmx/xdp"
 )
 
 // rndvBoundSizes are the messages of the MaxUnexpectedRndv tests: with a
@@ -283,4 +284,66 @@ func TestUnexpectedRndvHeldFlood(t *testing.T) {
 	if got := c.HeldRetried(); got > 2*n {
 		t.Errorf("held messages taken again %d times for %d messages, want about one each", got, n)
 	}
+}
+
+// TestHeldEagerFitsWhenMemoryFreed: a same-process eager message held
+// for want of both unexpected memory and a record goes in as soon as
+// memory is freed, here by a network peer's incomplete message dropped
+// when that peer is found dead, with no receive posted (found by a
+// review: it waited for an unrelated receive).
+func TestHeldEagerFitsWhenMemoryFreed(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	rx := &cutAtLink{MemLink: la, cutAt: 12000}
+	base := msglayer.Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond,
+		UnexpectedBytes: 30300, MaxUnexpectedRndv: 1}
+	ca, cb, cc := base, base, base
+	ca.Link, ca.EndpointID, ca.Key = rx, 1, 1
+	cb.Link, cb.EndpointID, cb.Key = lb, 2, 2
+	cc.Link, cc.EndpointID, cc.Key = rx, 3, 3
+	a, b, c := openEP(t, ca), openEP(t, cb), openEP(t, cc)
+	ctx := ctxFor(t, 10*time.Second)
+	for _, s := range []*msglayer.Endpoint{a, b} {
+		if err := s.Connect(ctx, c.Addr(), 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b's 30000-byte eager message stops at byte 12000: it holds c's
+	// memory, incomplete, until b is found dead.
+	if _, err := b.Isend(c.Addr(), 9, [][]byte{message(9, 30000)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for c.Counters().UnexpectedBytesNow == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("b's message never reached c")
+		}
+		c.Iprobe(0, 0)
+		time.Sleep(time.Millisecond)
+	}
+	s1, _ := a.Isend(c.Addr(), 1, [][]byte{message(1, 100000)}, nil) // the one record
+	s2, _ := a.Isend(c.Addr(), 2, [][]byte{message(2, 300)}, nil)    // no memory, no record: held
+	if _, done, _ := a.Test(s2); done {
+		t.Fatal("the 300-byte send completed with no room for it")
+	}
+	st, err := a.Wait(ctx, s2)
+	if err != nil || c.Counters().PeersDead != 1 {
+		t.Fatalf("held eager send after b's memory was freed: %+v, %v (PeersDead %d)", st, err, c.Counters().PeersDead)
+	}
+	big := make([]byte, 100000)
+	r, _ := c.Irecv(1, ^uint64(0), [][]byte{big}, nil)
+	if _, err := c.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	checkMessage(t, big, 1, 100000)
+	if _, err := a.Wait(ctx, s1); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 300)
+	r, _ = c.Irecv(2, ^uint64(0), [][]byte{buf}, nil)
+	if _, err := c.Wait(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	checkMessage(t, buf, 2, 300)
 }

@@ -634,6 +634,7 @@ func (e *Endpoint) dropUnexp(u *unexp, sendCode Code) {
 		e.heldRoom()
 	default:
 		e.unexpBytes -= unexpCost(int(u.msgLen))
+		e.heldRoom() // an eager message held for want of memory may fit now
 	}
 }
 

@@ -231,10 +231,12 @@ func localGone(t, e *Endpoint) (Code, bool) {
 	return 0, false
 }
 
-// arriveLocal delivers r, sent by e, to t: into the receive it matches,
-// else to t's unexpected queue after t's handler (only when handler is
-// set: the caller is the driver) saw it. Without handler it reports false,
-// delivering nothing, when t's handler must see the message.
+// arriveLocal delivers m.r, sent by e, to m.to (t): into the receive it
+// matches, else to t's unexpected queue after t's handler saw it (only
+// when driver is set: the handler runs on the driver), else, at t's
+// MaxUnexpectedRndv bound or behind e's messages held there, into e's
+// held chain at t (held.go). When driver is not set it reports false,
+// having done nothing, if t's handler must see the message.
 //
 // +checklocks:e.eng.mu
 func (e *Endpoint) arriveLocal(m localMsg, driver bool) bool {

@@ -122,7 +122,7 @@ type AFPacketLink struct {
 	txIov  []unix.Iovec
 	txPoll [2]unix.PollFd // socket POLLOUT, eventfd POLLIN
 	txTs   unix.Timespec  // poll timeout of a Send waiting for room
-	// txStuck: the last frame tried stalled for afpacketSendStall, and
+	// txStuck: a Send waited afpacketSendStall for a frame to go, and
 	// none went since (a peer whose carrier is gone, say): a Send tries
 	// once and fails at once, instead of waiting again.
 	txStuck bool
