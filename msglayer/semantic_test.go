@@ -28,6 +28,9 @@ type world struct {
 	cut func(t testing.TB, host int)
 	// big is the largest message the order test sends.
 	big int
+	// oneLink: both hosts' endpoints are on one link, in one engine
+	// (every message takes the same-process path); cut is nil then.
+	oneLink bool
 }
 
 func memWorld(t testing.TB, mc xdp.MemConfig) world {
@@ -312,6 +315,18 @@ func (c *tailCounter) Tail(i int, head []byte) (int, []byte) {
 	return h, tail
 }
 
+// TestSemanticSameProcess runs the suite with both hosts' endpoints on
+// one link, in one engine: every message takes the same-process path,
+// which must behave as the network does (but for peer death: no cut).
+func TestSemanticSameProcess(t *testing.T) {
+	w := memWorld(t, xdp.MemConfig{})
+	open := w.open
+	w.name = "same process"
+	w.open = func(t testing.TB, _ int, cfg msglayer.Config) *msglayer.Endpoint { return open(t, 0, cfg) }
+	w.cut, w.oneLink = nil, true
+	runSemantic(t, w)
+}
+
 func TestSemanticAFXDP(t *testing.T) { runSemantic(t, labWorld(t, "afxdp")) }
 
 func TestSemanticAFPacket(t *testing.T) { runSemantic(t, labWorld(t, "afpacket")) }
@@ -593,8 +608,14 @@ func testHandler(t *testing.T, w world) {
 }
 
 func testUnexpectedBound(t *testing.T, w world) {
-	const bound = 64 << 10
-	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{UnexpectedBytes: bound})
+	const bound, records = 64 << 10, 48
+	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{UnexpectedBytes: bound, MaxUnexpectedRndv: records})
+	held := func() {
+		t.Helper()
+		if c := b.Counters(); c.UnexpectedBytesNow > bound || c.UnexpectedRndvNow > records {
+			t.Fatalf("held %d unexpected bytes and %d records; bounds %d and %d", c.UnexpectedBytesNow, c.UnexpectedRndvNow, bound, records)
+		}
+	}
 	ctx := ctxFor(t, 30*time.Second)
 	const n, size = 100, 8 << 10
 	sends := make([]msglayer.Request, n)
@@ -607,9 +628,7 @@ func testUnexpectedBound(t *testing.T, w world) {
 	// Let the flood arrive; the receiver's memory must stay bounded.
 	deadline := time.Now().Add(500 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		if c := b.Counters(); c.UnexpectedBytesNow > bound {
-			t.Fatalf("unexpected bytes held %d > bound %d", c.UnexpectedBytesNow, bound)
-		}
+		held()
 		b.Iprobe(^uint64(0), ^uint64(0)) // drives progress in busy mode
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -624,9 +643,7 @@ func testUnexpectedBound(t *testing.T, w world) {
 			t.Fatalf("message %d arrived as number %d", st.Match, i)
 		}
 		checkMessage(t, buf, i, size)
-		if c := b.Counters(); c.UnexpectedBytesNow > bound {
-			t.Fatalf("unexpected bytes held %d > bound %d", c.UnexpectedBytesNow, bound)
-		}
+		held()
 	}
 	for _, s := range sends {
 		if _, err := a.Wait(ctx, s); err != nil {
@@ -634,11 +651,11 @@ func testUnexpectedBound(t *testing.T, w world) {
 		}
 	}
 	ca, cb := a.Counters(), b.Counters()
-	if cb.EagerRefused == 0 || ca.EagerConverted == 0 {
-		t.Errorf("flood of %d KiB into a %d KiB bound: refused %d, converted %d; want both > 0",
-			n*size>>10, bound>>10, cb.EagerRefused, ca.EagerConverted)
+	if cb.EagerRefused == 0 || ca.EagerConverted == 0 || cb.RndvDeferred == 0 {
+		t.Errorf("flood of %d KiB into a %d KiB bound and %d records: refused %d, converted %d, records deferred %d; want all > 0",
+			n*size>>10, bound>>10, records, cb.EagerRefused, ca.EagerConverted, cb.RndvDeferred)
 	}
-	t.Logf("refused %d eager messages, sender converted %d to rendezvous", cb.EagerRefused, ca.EagerConverted)
+	t.Logf("refused %d eager messages, sender converted %d to rendezvous, records deferred %d times", cb.EagerRefused, ca.EagerConverted, cb.RndvDeferred)
 }
 
 // testConvertedStream streams eager messages into a receiver that posts
@@ -732,7 +749,7 @@ func testGroupAcrossEndpoints(t *testing.T, w world) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := rgrp[0].On(tx[0]); !errors.Is(err, msglayer.ErrOtherLink) {
+	if _, err := rgrp[0].On(tx[0]); !w.oneLink && !errors.Is(err, msglayer.ErrOtherLink) {
 		t.Fatalf("On(an endpoint of the other host) = %v, want ErrOtherLink", err)
 	}
 	bufs := [2][per][]byte{}
@@ -999,6 +1016,9 @@ func testSelf(t *testing.T, w world) {
 }
 
 func testPeerDeath(t *testing.T, w world) {
+	if w.oneLink {
+		t.Skip("endpoints of one process: none can be cut off")
+	}
 	cfg := msglayer.Config{GiveUp: 500 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond}
 	a, b := w.pair(t, cfg, cfg)
 	ctx := ctxFor(t, 20*time.Second)
