@@ -608,7 +608,7 @@ func testHandler(t *testing.T, w world) {
 }
 
 func testUnexpectedBound(t *testing.T, w world) {
-	const bound, records = 64 << 10, 48
+	const bound, records = 64 << 10, 16
 	a, b := w.pair(t, msglayer.Config{}, msglayer.Config{UnexpectedBytes: bound, MaxUnexpectedRndv: records})
 	held := func() {
 		t.Helper()
@@ -651,9 +651,11 @@ func testUnexpectedBound(t *testing.T, w world) {
 		}
 	}
 	ca, cb := a.Counters(), b.Counters()
-	if cb.EagerRefused == 0 || ca.EagerConverted == 0 || cb.RndvDeferred == 0 {
-		t.Errorf("flood of %d KiB into a %d KiB bound and %d records: refused %d, converted %d, records deferred %d; want all > 0",
-			n*size>>10, bound>>10, records, cb.EagerRefused, ca.EagerConverted, cb.RndvDeferred)
+	// (Whether records were deferred depends on how many arrived before
+	// the receives: the tests of rndvbound_test.go see to it.)
+	if cb.EagerRefused == 0 || ca.EagerConverted == 0 {
+		t.Errorf("flood of %d KiB into a %d KiB bound: refused %d, converted %d; want both > 0",
+			n*size>>10, bound>>10, cb.EagerRefused, ca.EagerConverted)
 	}
 	t.Logf("refused %d eager messages, sender converted %d to rendezvous, records deferred %d times", cb.EagerRefused, ca.EagerConverted, cb.RndvDeferred)
 }
