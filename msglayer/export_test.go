@@ -182,8 +182,13 @@ func (e *Endpoint) SetSpinClock(now func() int64) { e.eng.spinClock = now }
 func (e *Endpoint) SetYield(yield func()) { e.eng.yield = yield }
 
 // SetResched makes resched what the endpoint's engine calls to pass
-// through Go's scheduler before a sleep. Call it before any wait.
-func (e *Endpoint) SetResched(resched func()) { e.eng.resched = resched }
+// through Go's scheduler before a sleep. The background goroutine may be
+// sleeping already: it reads the hook under the engine lock.
+func (e *Endpoint) SetResched(resched func()) {
+	e.eng.mu.Lock()
+	e.eng.resched = resched
+	e.eng.mu.Unlock()
+}
 
 // LiveEngines returns the number of engines open in the process.
 func LiveEngines() int { return int(liveEngines.Load()) }
