@@ -64,7 +64,7 @@ type engine struct {
 	spinAuto  bool
 	spinClock func() int64  // the polls' clock: nanotime (tests: their own)
 	yield     func()        // gives up the CPU to runnable threads: xdp.YieldCPU
-	resched   func()        // passes through Go's scheduler: runtime.Gosched (tests: their own, set and read under mu)
+	resched   func()        // passes through Go's scheduler: runtime.Gosched
 	randN     func(int) int // the random draws of feedStarved: rand.IntN (tests: their own)
 	randKey   func() uint64 // the keys of registered windows: rand.Uint64 (tests: their own); called under mu
 	clock     Clock
@@ -1019,12 +1019,11 @@ func (g *engine) prepareSleep(maxSleep time.Duration) (time.Duration, int64) {
 		g.acksDue = lazyAt != 0
 	}
 	d := g.sleepFor(now, maxSleep)
-	resched := g.resched
 	g.flushAndUnlock()
 	if now-g.reschedAt >= int64(reschedEvery) {
 		g.reschedAt = now
 		if int(liveEngines.Load()) < runtime.GOMAXPROCS(0) {
-			resched()
+			g.resched()
 		}
 	}
 	if lazyAt == 0 {

@@ -1,6 +1,7 @@
 package msglayer
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -173,22 +174,31 @@ func (e *Endpoint) DebugPullTimeout(a Addr) time.Duration {
 // SpinNow is how long the endpoint's engine polls before it sleeps.
 func (e *Endpoint) SpinNow() time.Duration { return time.Duration(e.eng.spinFirst.Load()) }
 
+// underToken runs set holding the engine's drive token. Drivers read the
+// hooks below only while they hold it, the background goroutine among
+// them, which may be driving already: taking the token orders the
+// write before their next reads.
+func (g *engine) underToken(set func()) {
+	if !g.drive.tryTake() {
+		if ok, err := g.takeTokenUnless(context.Background(), func() bool { return false }, nil, nil); !ok {
+			panic(fmt.Sprintf("test hook: no drive token: %v", err))
+		}
+	}
+	set()
+	g.drive.release()
+}
+
 // SetSpinClock makes now the clock of the endpoint's engine's polls
 // before sleeping. Call it before any wait of the test's traffic.
-func (e *Endpoint) SetSpinClock(now func() int64) { e.eng.spinClock = now }
+func (e *Endpoint) SetSpinClock(now func() int64) { e.eng.underToken(func() { e.eng.spinClock = now }) }
 
 // SetYield makes yield what the endpoint's engine calls to give up the
 // CPU while it polls before sleeping. Call it before any wait.
-func (e *Endpoint) SetYield(yield func()) { e.eng.yield = yield }
+func (e *Endpoint) SetYield(yield func()) { e.eng.underToken(func() { e.eng.yield = yield }) }
 
 // SetResched makes resched what the endpoint's engine calls to pass
-// through Go's scheduler before a sleep. The background goroutine may be
-// sleeping already: it reads the hook under the engine lock.
-func (e *Endpoint) SetResched(resched func()) {
-	e.eng.mu.Lock()
-	e.eng.resched = resched
-	e.eng.mu.Unlock()
-}
+// through Go's scheduler before a sleep.
+func (e *Endpoint) SetResched(resched func()) { e.eng.underToken(func() { e.eng.resched = resched }) }
 
 // LiveEngines returns the number of engines open in the process.
 func LiveEngines() int { return int(liveEngines.Load()) }
