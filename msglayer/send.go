@@ -278,7 +278,7 @@ func (e *Endpoint) arriveLocal(m localMsg, driver bool) bool {
 		// would be): Close or Disconnect may complete the send while the
 		// handler runs, and the sender reuse its memory.
 		var data []byte
-		if !r.sync && r.length <= min(tp.eagerPayload(), e.cfg.RendezvousThreshold) {
+		if localEager(r) && r.length <= tp.eagerPayload() {
 			g := e.eng
 			if g.localData == nil || cap(g.localData) < r.length {
 				// (nil: an empty message's Data is empty, not nil)
