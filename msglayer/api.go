@@ -393,6 +393,10 @@ func (e *Endpoint) irecv(info, mask uint64, segs [][]byte, ctx any, grp *Group) 
 	}
 	r := e.newRequest(kindRecv, ctx)
 	r.info, r.mask, r.segs, r.length, r.group = info, mask, segs, n, grp
+	// A message's match info replaces it; a receive that ends without
+	// one (Cancel, Close) keeps its own, for TestAny and WaitAny to tell
+	// it from others.
+	r.status.Match = info
 	if grp != nil {
 		grp.posted++
 	}

@@ -90,7 +90,7 @@ var (
 type Status struct {
 	Code   Code
 	Source Addr   // the peer: sender of a receive, destination of a send
-	Match  uint64 // match info of the message
+	Match  uint64 // match info of the message (of a receive that got none: the info it was posted with)
 	MsgLen int    // length the sender sent
 	// XferLen is the length delivered. A send learns it when it completes
 	// after its receive matched (a rendezvous message, Issend, a
