@@ -1,7 +1,12 @@
 package msglayer_test
 
 import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/xmx-stack/xmx/msglayer"
 	"github.com/xmx-stack/xmx/xdp"
@@ -10,6 +15,110 @@ import (
 // The tests of this file race an endpoint's Close with the calls under
 // way on it: whatever completed before the close, and what the close
 // completed, is what those calls report.
+
+// TestWaitSeesCompletionBeforeClose: a receive that completed just before
+// its endpoint (the engine's last) closed is reported by the Wait driving
+// for it with its own status, not as a bare ErrClosed with the handle left
+// unspent: the driver looked at the request, then at the close, and the
+// completion came between the two looks.
+func TestWaitSeesCompletionBeforeClose(t *testing.T) {
+	for _, busy := range []bool{true, false} {
+		t.Run(progressName(busy), func(t *testing.T) {
+			for round := range 300 {
+				l, _ := xdp.NewPair(xdp.MemConfig{})
+				a := openOn(t, l, 1, busy)
+				b := openOn(t, l, 2, busy)
+				if err := a.Connect(context.Background(), b.Addr(), 0); err != nil {
+					t.Fatal(err)
+				}
+				h, err := b.Irecv(1, ^uint64(0), [][]byte{make([]byte, 8)}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				type result struct {
+					st  msglayer.Status
+					err error
+				}
+				out := make(chan result, 1)
+				go func() {
+					st, err := b.Wait(context.Background(), h)
+					out <- result{st, err}
+				}()
+				time.Sleep(time.Duration(rand.IntN(300)) * time.Microsecond)
+				// The same engine: the send completes the receive at once.
+				s, err := a.Isend(b.Addr(), 1, [][]byte{[]byte("12345678")}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				a.Forget(s)
+				a.Close()
+				b.Close()
+				r := <-out
+				l.Close()
+				if r.err != nil || r.st.Code != msglayer.Success || r.st.XferLen != 8 {
+					st, ok, err := b.Test(h)
+					t.Fatalf("round %d: Wait returned %+v, %v; the request: %v, done %v (%v)", round, r.st, r.err, st.Code, ok, err)
+				}
+			}
+		})
+	}
+}
+
+// TestWaitsReportClose: Waits and a WaitAny asleep or driving on receives
+// that the endpoint's Close completes return each its request's Closed
+// status, and spend the handles.
+func TestWaitsReportClose(t *testing.T) {
+	for _, busy := range []bool{true, false} {
+		t.Run(progressName(busy), func(t *testing.T) {
+			for round := range 100 {
+				l, _ := xdp.NewPair(xdp.MemConfig{})
+				e := openOn(t, l, 1, busy)
+				const n = 4
+				hs := make([]msglayer.Request, n)
+				for i := range hs {
+					var err error
+					if hs[i], err = e.Irecv(uint64(i), ^uint64(0), nil, i); err != nil {
+						t.Fatal(err)
+					}
+				}
+				sts := make(chan msglayer.Status, n+1)
+				errs := make(chan error, n+1)
+				var wg sync.WaitGroup
+				wait := func(f func() (msglayer.Status, error)) {
+					wg.Go(func() {
+						st, err := f()
+						sts <- st
+						errs <- err
+					})
+				}
+				for _, h := range hs[1:] {
+					wait(func() (msglayer.Status, error) { return e.Wait(context.Background(), h) })
+				}
+				// Receive 0 only WaitAny may take: no Wait holds its handle.
+				wait(func() (msglayer.Status, error) { return e.WaitAny(context.Background(), 0, ^uint64(0)) })
+				time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+				e.Close()
+				wg.Wait()
+				l.Close()
+				close(sts)
+				close(errs)
+				seen := map[uint64]bool{}
+				for st := range sts {
+					err := <-errs
+					if st.Code != msglayer.Closed || !errors.Is(err, msglayer.ErrClosed) || st.Context != int(st.Match) || seen[st.Match] {
+						t.Fatalf("round %d: a wait returned %+v, %v; want each receive's own Closed status", round, st, err)
+					}
+					seen[st.Match] = true
+				}
+				for i, h := range hs {
+					if _, _, err := e.Test(h); !errors.Is(err, msglayer.ErrStaleRequest) {
+						t.Fatalf("round %d: handle %d after its wait: %v, want ErrStaleRequest", round, i, err)
+					}
+				}
+			}
+		})
+	}
+}
 
 // TestReceiveWithoutMessageKeepsMatch: a receive that ends without a
 // message (Cancel, Close) carries the match info it was posted with, so

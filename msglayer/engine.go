@@ -1360,6 +1360,11 @@ func (g *engine) takeTokenUnless(ctx context.Context, done func() bool, wake <-c
 			return false, err
 		}
 		if g.closed.Load() {
+			// Close completes what is pending before it stops the
+			// engine: a completion just before the close counts.
+			if done() {
+				return false, nil
+			}
 			return false, ErrClosed
 		}
 	}
@@ -1454,6 +1459,12 @@ func (g *engine) driveUntil(ctx context.Context, done func() bool) error {
 			return nil // a handler's panic goes on at once (rethrow)
 		}
 		if g.closed.Load() {
+			// A completion between the look above and the close (Close
+			// completes what is pending, then stops the engine) is
+			// the wait's answer, not the close.
+			if done() {
+				return nil
+			}
 			return ErrClosed
 		}
 		// A busy-polling driver turns millions of times a second: look at
