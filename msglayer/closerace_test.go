@@ -151,6 +151,70 @@ func TestReceiveWithoutMessageKeepsMatch(t *testing.T) {
 	}
 }
 
+// TestCloseGoodbyeWhileAnotherFlushes: an endpoint's Close queues the
+// frame that tells its peer it closed; when another goroutine is sending
+// the endpoint's frames at that moment, Close leaves the frame to it. The
+// engine's stop waits for that flush before it closes the link (which the
+// engine owns), so the peer's send waiting on the closed endpoint fails
+// BadEndpoint at once, not Unreachable at its give-up.
+func TestCloseGoodbyeWhileAnotherFlushes(t *testing.T) {
+	const giveUp = 300 * time.Millisecond
+	for round := range 30 {
+		hub := xdp.NewHub(xdp.MemConfig{})
+		la, lb := hub.Attach(), hub.Attach()
+		a, err := msglayer.Open(msglayer.Config{Link: la, OwnLink: true, EndpointID: 1, GiveUp: giveUp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := msglayer.Open(msglayer.Config{Link: lb, EndpointID: 2, GiveUp: giveUp})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if err := a.Connect(ctx, b.Addr(), 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Connect(ctx, a.Addr(), 0); err != nil {
+			t.Fatal(err)
+		}
+		// A rendezvous send a never receives: it waits on a.
+		bs, err := b.Isend(a.Addr(), 9, [][]byte{make([]byte, 100000)}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() { // flushers on a, until it closes
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					h, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 8)}, nil)
+					if err != nil {
+						return
+					}
+					a.Forget(h)
+				}
+			})
+		}
+		time.Sleep(5 * time.Millisecond)
+		a.Close()
+		close(stop)
+		wg.Wait()
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		st, err := b.Wait(wctx, bs)
+		cancel()
+		b.Close()
+		lb.Close()
+		if st.Code != msglayer.BadEndpoint {
+			t.Fatalf("round %d: the send to the closed endpoint ended %v (%v), want BadEndpoint", round, st.Code, err)
+		}
+	}
+}
+
 func progressName(busy bool) string {
 	if busy {
 		return "busy"

@@ -1791,5 +1791,24 @@ func (g *engine) stop() error {
 	}
 	tick.Stop()
 	g.drive.release()
+	// A goroutine flushing may be sending frames the last Close queued
+	// behind its own (flushAndUnlock leaves them to it): that Close's
+	// acks and goodbyes. No API call queues more now, and a link's
+	// send waits a bounded time (a stalled link fails it after its
+	// stall timeout), but wait no longer than flushWait for a link that
+	// does not.
+	for deadline := time.Now().Add(flushWait); g.isFlushing() && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Microsecond)
+	}
 	return g.link.Close()
 }
+
+func (g *engine) isFlushing() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.flushing
+}
+
+// flushWait bounds how long an engine's stop waits for a flush under way
+// before it closes the link: longer than the links' send-stall timeout.
+const flushWait = 2 * time.Second
