@@ -25,10 +25,9 @@ import (
 // API calls (Isend, Irecv...) take the same lock, queue frames and flush
 // them themselves. At most one driver at a time holds the drive token.
 //
-// LOCK ORDERING: engines are locked in order of their index
-// (same-process sends between engines).
+// A goroutine holds one engine's lock at a time: the same-process path
+// joins endpoints of one engine only.
 type engine struct {
-	index   uint64 // creation order, for lock ordering
 	key     string // in engines: the interface name or the given link
 	link    xdp.Link
 	waker   xdp.Waker            // nil if the link cannot be woken
@@ -367,9 +366,8 @@ func (b *txBuilder) header(e *txEntry, buf []byte) int {
 }
 
 var (
-	enginesMu   sync.Mutex
-	engines     = map[string]*engine{} // by key; guarded by enginesMu
-	engineIndex atomic.Uint64
+	enginesMu sync.Mutex
+	engines   = map[string]*engine{} // by key; guarded by enginesMu
 	// liveEngines counts the engines open in the process (reschedEvery).
 	liveEngines atomic.Int32
 )
@@ -379,7 +377,6 @@ var (
 // engine lock is set before.
 func newEngine(link xdp.Link, cfg *Config) *engine {
 	g := &engine{
-		index:       engineIndex.Add(1),
 		link:        link,
 		ifname:      link.Info().Interface,
 		mtu:         link.MTU(),
