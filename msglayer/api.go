@@ -489,15 +489,15 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	// collected or forgot it), which release and Forget signal.
 	done := func() bool { return r.doneFlag.Load() || r.liveGen.Load() != h.gen }
 	st, reaped, err := e.eng.waitForSleeping(ctx, done, r.wake, &r.waiters, reaping{h, e})
-	if errors.Is(err, ErrClosed) {
+	if err != nil {
 		// Close completes the pending requests before it stops the
 		// engine: this one's status (Closed, or what it completed with
 		// just before) is the answer.
-		if st, ok, terr := e.test(h); ok && terr == nil {
-			return st, st.Err()
+		if errors.Is(err, ErrClosed) {
+			if st, ok, terr := e.test(h); ok && terr == nil {
+				return st, st.Err()
+			}
 		}
-	}
-	if err != nil {
 		return Status{}, err
 	}
 	if reaped {
