@@ -490,14 +490,6 @@ func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	done := func() bool { return r.doneFlag.Load() || r.liveGen.Load() != h.gen }
 	st, reaped, err := e.eng.waitForSleeping(ctx, done, r.wake, &r.waiters, reaping{h, e})
 	if err != nil {
-		// Close completes the pending requests before it stops the
-		// engine: this one's status (Closed, or what it completed with
-		// just before) is the answer.
-		if errors.Is(err, ErrClosed) {
-			if st, ok, terr := e.test(h); ok && terr == nil {
-				return st, st.Err()
-			}
-		}
 		return Status{}, err
 	}
 	if reaped {
@@ -590,17 +582,10 @@ func (e *Endpoint) WaitAny(ctx context.Context, info, mask uint64) (Status, erro
 		}, w.wake)
 		g.mu.Lock()
 		e.removeAnyWaiter(w)
+		g.mu.Unlock()
 		if err != nil {
-			// What Close completed is found before the close is said.
-			if r := e.done.find(info, mask); r != nil && errors.Is(err, ErrClosed) {
-				st := e.collect(r)
-				g.mu.Unlock()
-				return st, st.Err()
-			}
-			g.mu.Unlock()
 			return Status{}, err
 		}
-		g.mu.Unlock()
 	}
 }
 

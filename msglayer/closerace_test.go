@@ -22,12 +22,12 @@ import (
 // unspent: the driver looked at the request, then at the close, and the
 // completion came between the two looks.
 func TestWaitSeesCompletionBeforeClose(t *testing.T) {
-	for _, busy := range []bool{true, false} {
-		t.Run(progressName(busy), func(t *testing.T) {
+	for _, m := range progressModes[:2] { // busy, blocking
+		t.Run(m.name, func(t *testing.T) {
 			for round := range 300 {
 				l, _ := xdp.NewPair(xdp.MemConfig{})
-				a := openOn(t, l, 1, busy)
-				b := openOn(t, l, 2, busy)
+				a := openWith(t, m.cfg, l, 1)
+				b := openWith(t, m.cfg, l, 2)
 				if err := a.Connect(context.Background(), b.Addr(), 0); err != nil {
 					t.Fatal(err)
 				}
@@ -68,11 +68,11 @@ func TestWaitSeesCompletionBeforeClose(t *testing.T) {
 // that the endpoint's Close completes return each its request's Closed
 // status, and spend the handles.
 func TestWaitsReportClose(t *testing.T) {
-	for _, busy := range []bool{true, false} {
-		t.Run(progressName(busy), func(t *testing.T) {
+	for _, m := range progressModes[:2] { // busy, blocking
+		t.Run(m.name, func(t *testing.T) {
 			for round := range 100 {
 				l, _ := xdp.NewPair(xdp.MemConfig{})
-				e := openOn(t, l, 1, busy)
+				e := openWith(t, m.cfg, l, 1)
 				const n = 4
 				hs := make([]msglayer.Request, n)
 				for i := range hs {
@@ -127,7 +127,7 @@ func TestWaitsReportClose(t *testing.T) {
 func TestReceiveWithoutMessageKeepsMatch(t *testing.T) {
 	l, _ := xdp.NewPair(xdp.MemConfig{})
 	defer l.Close()
-	e := openOn(t, l, 1, false)
+	e := openEP(t, msglayer.Config{Link: l, EndpointID: 1})
 	h, err := e.Irecv(5, ^uint64(0), nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -215,21 +215,8 @@ func TestCloseGoodbyeWhileAnotherFlushes(t *testing.T) {
 	}
 }
 
-func progressName(busy bool) string {
-	if busy {
-		return "busy"
-	}
-	return "blocking"
-}
-
-// openOn opens endpoint id on l (which the caller closes) and closes it
-// at the test's end.
-func openOn(t *testing.T, l xdp.Link, id uint8, busy bool) *msglayer.Endpoint {
-	t.Helper()
-	e, err := msglayer.Open(msglayer.Config{Link: l, EndpointID: id, BusyPoll: busy})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
-	return e
+// openWith opens endpoint id on l with cfg's progress mode.
+func openWith(t *testing.T, cfg msglayer.Config, l xdp.Link, id uint8) *msglayer.Endpoint {
+	cfg.Link, cfg.EndpointID = l, id
+	return openEP(t, cfg)
 }
