@@ -745,13 +745,22 @@ const maxLazyAck = time.Millisecond
 //
 // +checklocks:p.ep.eng.mu
 func (p *peer) sendCtl(t frameType, flags uint8, th func(b []byte) int) {
+	p.sendCtlSeq(t, 0, flags, th)
+}
+
+// sendCtlSeq is sendCtl with seq in the common header's sequence field,
+// which unreliable frames do not use otherwise: a pull request's stamp,
+// which its replies echo.
+//
+// +checklocks:p.ep.eng.mu
+func (p *peer) sendCtlSeq(t frameType, seq uint32, flags uint8, th func(b []byte) int) {
 	e := p.ep
 	b := e.eng.scratchBuf()
 	n := 0
 	if th != nil {
 		n = th(b[hdrLen:])
 	}
-	p.putHeader(b, t, 0, flags, n)
+	p.putHeader(b, t, seq, flags, n)
 	f := padded(b, t, n)
 	l := len(f)
 	p.ackSent()

@@ -8,10 +8,14 @@ import (
 // Rendezvous pulls. A large (or synchronous, or converted) message leaves
 // only its record at the receiver; once a receive matches it, the
 // receiver pulls the data in blocks of pullBlockFrames frames, several
-// blocks in flight, re-requesting the frames of a block that did not come
-// back in time. The sender answers pull requests statelessly from the
-// send's buffers. When everything arrived, the receiver sends a reliable
-// notify and the send completes.
+// blocks in flight. The sender answers pull requests statelessly, from
+// the send's buffers, and in order: each reply echoes the stamp of the
+// request it answers, and the frames still missing from the blocks last
+// asked for before a request whose reply arrives, or from a block when
+// the last frame asked for comes, were lost and are asked for again. A
+// block that goes quiet is probed for its last missing frame. When
+// everything arrived, the receiver sends a reliable notify and the send
+// completes.
 
 // pull is a receive pulling a rendezvous message. Owned by the endpoint
 // (e.pulls), guarded by the engine lock.
@@ -25,6 +29,8 @@ type pull struct {
 	next         uint32 // offset of the next block to request
 	got          uint32 // bytes received
 	lastProgress int64
+	reqs         uint32 // the stamp of the pull's latest request (the requests sent)
+	answered     uint32 // the latest stamp a reply brought
 	blocks       []pullBlock
 	hint         int   // the block the last reply belonged to: most replies follow it
 	waiting      int   // its index in engine.starved[waitList] while it waits for the pull budget, else -1
@@ -54,6 +60,8 @@ type pullBlock struct {
 	firstSent      int64  // first request
 	retries        int
 	probe          uint32 // the frame a probe asked for again, until it comes
+	req            uint32 // the stamp of the block's latest request or probe
+	tail           uint32 // the last frame that request asked for
 	lost           bool   // frames of the block were found lost and asked for again
 }
 
@@ -73,21 +81,23 @@ type probedBlock struct {
 // counted from the block's request or from the pull's last frame,
 // whichever is later. While frames of the pull flow, the sender is working
 // through the requests in order, and a block waiting behind others is not
-// probed; a block whose frames were lost is found sooner, when a block
-// requested after it completes (onPullReply).
+// probed; a block whose frames were lost is found sooner, when the last
+// frame its request asked for or a reply to a later request arrives
+// (onPullReply).
 func (b *pullBlock) due(pl *pull, maxRTO int64) int64 {
 	return max(b.sentAt, pl.lastProgress) + min(backoff(pl.peer.pullTimeout(), b.retries), maxRTO)
 }
 
-// reRequestOvertaken asks again for the missing frames of the blocks
-// requested before done, which just completed: the sender answers a
-// peer's requests in order, so their frames were lost.
+// reRequestOvertaken asks again for the missing frames of the blocks last
+// asked for before the request with stamp k, whose first reply just
+// arrived: the sender answers a peer's requests in order, so their frames
+// were lost. (Asked for again, a block's latest request is later than k.)
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) reRequestOvertaken(pl *pull, done *pullBlock, now int64) {
+func (e *Endpoint) reRequestOvertaken(pl *pull, k uint32, now int64) {
 	for i := range pl.blocks {
 		b := &pl.blocks[i]
-		if b.active && b != done && b.sentAt < done.sentAt && b.want != 0 {
+		if b.active && b.want != 0 && int32(b.req-k) < 0 {
 			b.retries++
 			b.lost = true
 			e.stats.PullReRequests++
@@ -319,7 +329,10 @@ func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
 // +checklocks:e.eng.mu
 func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 	b.sentAt = now
-	e.arm(&pl.tm, min(b.due(pl, int64(e.cfg.MaxRTO)), e.pullGiveUpAt(pl)))
+	pl.reqs++
+	b.req = pl.reqs
+	b.tail = uint32(1) << (31 - bits.LeadingZeros32(mask))
+	e.armPull(pl, b)
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
 		mask: mask, frameBytes: pl.frameBytes}
@@ -329,7 +342,7 @@ func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 		flags, req.key, req.base = flagRegion, r.regionKey, r.regionOff
 	}
 	p := pl.peer
-	p.sendCtl(tPullReq, flags, func(th []byte) int {
+	p.sendCtlSeq(tPullReq, b.req, flags, func(th []byte) int {
 		req.put(th)
 		// The delayed acks the endpoint owes other endpoints of p's host
 		// ride along, as in a bundle (tAcks): a server whose receives
@@ -337,6 +350,14 @@ func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 		// next without frames, or wake-ups, of their own.
 		return p.bundleAcks(th[pullReqHdrLen:], ackRoom(p.mtu, pullReqHdrLen), true)
 	})
+}
+
+// armPull makes pl's timer run when block b is due, or at the give-up,
+// at the latest.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) armPull(pl *pull, b *pullBlock) {
+	e.arm(&pl.tm, min(b.due(pl, int64(e.cfg.MaxRTO)), e.pullGiveUpAt(pl)))
 }
 
 // onPullReq answers a pull request with the frames it asks for, from a
@@ -392,7 +413,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 			if first {
 				var b *pullHdr
 				b, hdr = g.queuePullHdr()
-				ph.put(p.putHeader(b[:], tPullReply, 0, 0, n))
+				ph.put(p.putHeader(b[:], tPullReply, h.seq, 0, n))
 				first = false
 			}
 			g.queuePullReply(src, uint32(off), n, hdr)
@@ -409,7 +430,7 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 				break
 			}
 			b := g.scratchBuf()
-			th := p.putHeader(b, tPullReply, 0, 0, n)
+			th := p.putHeader(b, tPullReply, h.seq, 0, n)
 			ph.put(th)
 			copy(th[pullReplyHdrLen:pullReplyHdrLen+n], mem)
 			reg.Unhold()
@@ -422,10 +443,11 @@ func (e *Endpoint) onPullReq(p *peer, h *header, th []byte) {
 	p.ackSent()
 }
 
-// onPullReply stores one frame of pulled data.
+// onPullReply stores one frame of pulled data, a reply to the request
+// with stamp k.
 //
 // +checklocks:e.eng.mu
-func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
+func (e *Endpoint) onPullReply(p *peer, k uint32, th, payload []byte, now int64) {
 	var ph pullReplyHdr
 	ph.decode(th)
 	if c := &p.probed; c.copies > 0 && c.pullID == ph.pullID && c.offset == ph.offset {
@@ -440,6 +462,12 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 	if pl == nil || pl.peer != p || ph.offset >= pl.total {
 		e.stats.PullRepliesLate++ // the pull ended: a re-request was not needed
 		return
+	}
+	if int32(k-pl.answered) > 0 && int32(k-pl.reqs) <= 0 {
+		// The first reply to a request later than the ones answered so
+		// far, even if it brings a frame that came already.
+		pl.answered = k
+		e.reRequestOvertaken(pl, k, now)
 	}
 	for k := range pl.blocks {
 		i := (pl.hint + k) % len(pl.blocks)
@@ -483,9 +511,15 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 		b.want &^= bit
 		pl.got += n
 		pl.lastProgress = now
-		if bit == b.probe && b.want != 0 {
-			// The probed frame came, and frames asked for before it did
-			// not: they were lost.
+		if bit == b.tail && b.want != 0 {
+			// The last frame the block's latest request asked for came
+			// (that copy or an earlier one: the latest request is then a
+			// probe, and the frames missing were asked for before it),
+			// and frames asked for before it did not: the sender answers
+			// in order, so they were lost. (A link that reorders has a
+			// frame overtaken by the last one asked for again
+			// needlessly: it comes twice, the second copy counted late.)
+			b.retries++
 			b.lost = true
 			e.stats.PullReRequests++
 			e.sendPullReq(pl, b, now)
@@ -505,7 +539,6 @@ func (e *Endpoint) onPullReply(p *peer, th, payload []byte, now int64) {
 				p.probed = probedBlock{pullID: pl.id, copies: b.retries, took: now - b.firstSent,
 					offset: b.offset + uint32(bits.TrailingZeros32(b.probe))*pl.frameBytes}
 			}
-			e.reRequestOvertaken(pl, b, now)
 			// The pull that freed the frames asks for its next block
 			// first; only what it leaves goes to the pulls waiting.
 			e.releaseBlock(pl, b)

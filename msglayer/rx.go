@@ -53,7 +53,7 @@ func (e *Endpoint) handleOne(f []byte, h *header, now int64) {
 	case tPullReq:
 		e.onPullReq(p, h, th)
 	case tPullReply:
-		e.onPullReply(p, th, payload, now)
+		e.onPullReply(p, h.seq, th, payload, now)
 	case tKeepalive:
 		p.sendAck()
 	case tDisconnect:
