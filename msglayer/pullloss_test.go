@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// The tests of this file lose chosen frames of a pull on a manual clock,
-// so that what finds a loss, and when, is exact.
+// The tests of this file lose or hold back chosen frames of a pull on a
+// manual clock, so that what finds a loss, and when, is exact.
 
 // pullLossNet is a manNet in which a sends b a rendezvous message of size
 // bytes (above the rendezvous threshold), pulled blocks blocks at a
@@ -15,6 +15,8 @@ type pullLossNet struct {
 	*manNet
 	send, recv Request
 	copies     map[uint32]int // copies of each pull reply (by offset) a sent
+	holding    bool           // pull replies from a wait in held
+	held       [][]byte
 }
 
 func newPullLossNet(t *testing.T, size, blocks int) *pullLossNet {
@@ -33,7 +35,8 @@ func newPullLossNet(t *testing.T, size, blocks int) *pullLossNet {
 
 // move moves frames both ways until none moves, without time passing;
 // lose chooses the pull replies from a that are lost, by their offset and
-// how many copies of it a sent before.
+// how many copies of it a sent before. While holding, the pull replies
+// from a wait (release).
 func (n *pullLossNet) move(lose func(off uint32, copies int) bool) {
 	for range 1000 {
 		fa, fb := n.la.take(), n.lb.take()
@@ -50,6 +53,10 @@ func (n *pullLossNet) move(lose func(off uint32, copies int) bool) {
 				if lose(ph.offset, c) {
 					continue
 				}
+				if n.holding {
+					n.held = append(n.held, f)
+					continue
+				}
 			}
 			n.deliver(n.b, f)
 		}
@@ -59,6 +66,18 @@ func (n *pullLossNet) move(lose func(off uint32, copies int) bool) {
 	}
 	n.t.Fatal("frames keep moving")
 }
+
+// release delivers the first k pull replies held back, in order, and
+// moves what follows.
+func (n *pullLossNet) release(k int) {
+	for _, f := range n.held[:k] {
+		n.deliver(n.b, f)
+	}
+	n.held = n.held[k:]
+	n.move(loseNone)
+}
+
+func loseNone(uint32, int) bool { return false }
 
 // frameBytes is the data of one pull reply from a to b.
 func (n *pullLossNet) frameBytes() uint32 {
@@ -84,6 +103,40 @@ func TestPullLastFrameFindsLoss(t *testing.T) {
 	mustComplete(t, n.a, n.send, Success, "send")
 }
 
+// TestPullBackoffEndsWithFrame: a probe answered shows the peer answers,
+// so the next loss of the block waits the plain pull timeout, not one
+// backed off. Frame x is lost twice and the last frame once: the probe
+// for the last frame finds x lost, and x asked for again is lost too; x is
+// probed one pull timeout later.
+func TestPullBackoffEndsWithFrame(t *testing.T) {
+	n := newPullLossNet(t, 40000, 1)
+	fb := n.frameBytes()
+	last := (40000 - 1) / fb * fb
+	x := 5 * fb
+	lose := func(off uint32, copies int) bool {
+		return (off == x && copies < 2) || (off == last && copies == 0)
+	}
+	n.move(lose)
+	d := n.b.DebugPullTimeout(n.a.Addr())
+	for i := range 2 {
+		if st, done, _ := n.b.Test(n.recv); done {
+			t.Fatalf("receive complete (%v) after %d pull timeouts: nothing was lost", st.Code, i)
+		}
+		n.clock.Advance(d + time.Microsecond)
+		n.timers(n.b)
+		n.move(lose)
+	}
+	mustComplete(t, n.b, n.recv, Success, "receive two pull timeouts after the losses")
+	n.settle(5, time.Millisecond)
+	mustComplete(t, n.a, n.send, Success, "send")
+	if c := n.b.Counters(); c.PullProbes != 2 || c.PullReRequests != 1 {
+		t.Errorf("%d probes, %d re-requests: want 2 probes (the last frame, then x) and 1 re-request (x)", c.PullProbes, c.PullReRequests)
+	}
+	if got := n.copies[x]; got != 3 {
+		t.Errorf("frame x sent %d times, want 3", got)
+	}
+}
+
 // TestPullLaterRequestFindsLoss: frames lost from a block's tail, where
 // nothing of its own request follows them, are found when a reply to a
 // request sent after it arrives: the other block's, asked for in the same
@@ -98,4 +151,39 @@ func TestPullLaterRequestFindsLoss(t *testing.T) {
 	if c := n.b.Counters(); c.PullProbes != 0 || c.PullReRequests != 1 {
 		t.Errorf("%d probes, %d re-requests: want the first block's holes asked for once, with no probe", c.PullProbes, c.PullReRequests)
 	}
+}
+
+// TestPullStallAsksNothingAgain: a sender that stalls (its replies held
+// back for pull timeouts) while a pull has two blocks in flight costs
+// probes, not the blocks. Both blocks are probed; a few frames of the
+// first come, and the first alone is probed again; then the rest comes in
+// order. The first block completes with its first request's frames while
+// its probe is later than the second block's: the second's frames follow
+// in the sender's queue, and are not lost.
+func TestPullStallAsksNothingAgain(t *testing.T) {
+	n := newPullLossNet(t, 80000, 2)
+	n.holding = true
+	n.move(loseNone)
+	d := n.b.DebugPullTimeout(n.a.Addr())
+	n.clock.Advance(d + time.Microsecond)
+	n.timers(n.b)
+	n.move(loseNone)
+	if c := n.b.Counters(); c.PullProbes != 2 {
+		t.Fatalf("%d probes one pull timeout into the stall, want 2 (one per block)", c.PullProbes)
+	}
+	n.release(6)
+	n.clock.Advance(d + time.Microsecond)
+	n.timers(n.b)
+	n.move(loseNone)
+	if c := n.b.Counters(); c.PullProbes != 3 {
+		t.Fatalf("%d probes after the first block's frames stalled again, want 3", c.PullProbes)
+	}
+	n.holding = false
+	n.release(len(n.held))
+	mustComplete(t, n.b, n.recv, Success, "receive")
+	if c := n.b.Counters(); c.PullReRequests != 0 || c.PullProbes != 3 {
+		t.Errorf("%d re-requests, %d probes: the stalled sender's blocks were asked for again", c.PullReRequests, c.PullProbes)
+	}
+	n.settle(5, time.Millisecond)
+	mustComplete(t, n.a, n.send, Success, "send")
 }
