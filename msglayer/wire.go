@@ -19,7 +19,8 @@ import (
 //	       knows it (0 before connect; see peer.go, newID)
 //	8  u32 source session: the sender's connection id
 //	12 u32 sequence number (reliable types; in a connect or connect reply,
-//	       the generation of the sender's id; 0 otherwise)
+//	       the generation of the sender's id; in a pull request, its
+//	       stamp, which the replies to it echo; 0 otherwise)
 //	16 u32 cumulative ack: every reliable frame below it from the receiver has arrived
 //	20 u8  receive window: how many reliable frames the sender of this frame
 //	       takes in flight from the receiver, beyond the cumulative ack
