@@ -472,14 +472,8 @@ func (e *Endpoint) onPullReply(p *peer, k uint32, th, payload []byte, now int64)
 		e.stats.PullRepliesLate++ // the pull ended: a re-request was not needed
 		return
 	}
-	if int32(k-pl.answered) > 0 && int32(k-pl.reqs) <= 0 {
-		// The first reply to a request later than the ones answered so
-		// far, even if it brings a frame that came already.
-		pl.answered = k
-		e.reRequestOvertaken(pl, k, now)
-	}
-	for k := range pl.blocks {
-		i := (pl.hint + k) % len(pl.blocks)
+	for j := range pl.blocks {
+		i := (pl.hint + j) % len(pl.blocks)
 		b := &pl.blocks[i]
 		if !b.active || ph.offset < b.offset || ph.offset >= b.offset+b.length {
 			continue
@@ -526,14 +520,24 @@ func (e *Endpoint) onPullReply(p *peer, k uint32, th, payload []byte, now int64)
 		}
 		pl.got += n
 		pl.lastProgress = now
-		if bit == b.tail && b.want != 0 {
-			// The last frame the block's latest request asked for came
-			// (that copy or an earlier one: the latest request is then a
-			// probe, and the frames missing were asked for before it),
-			// and frames asked for before it did not: the sender answers
-			// in order, so they were lost. (A link that reorders has a
-			// frame overtaken by the last one asked for again
-			// needlessly: it comes twice, the second copy counted late.)
+		if int32(k-pl.answered) > 0 && int32(k-pl.reqs) <= 0 {
+			// The first frame stored from a request later than those
+			// answered so far. (Only a frame stored: replies that fill
+			// nothing, copies that came already or frames the sender got
+			// wrong, had two blocks ask for each other again without
+			// end, with no timer between.)
+			pl.answered = k
+			e.reRequestOvertaken(pl, k, now)
+		}
+		if k == b.req && bit == b.tail && b.want != 0 {
+			// The last frame the block's latest request asked for came,
+			// in the reply to that request, and frames asked for before
+			// it did not: the sender answers in order, so they were
+			// lost. (A copy from an earlier request proves nothing on a
+			// link that reorders: the latest request's copies of the
+			// frames missing may be on their way. Taken as proof, a
+			// block whose 32 frames came in reverse order was asked for
+			// 31 times.)
 			b.retries++
 			b.lost = true
 			e.stats.PullReRequests++
