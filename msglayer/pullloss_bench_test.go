@@ -11,20 +11,31 @@ import (
 
 // BenchmarkPullLossMem times 1 MiB rendezvous messages pulled over the
 // in-memory link with frames lost at random (reordering 5 %, duplication
-// 1 %), with one pull block in flight and with the default 16. The floor
-// is the same messages, same pair, with nothing lost, measured first in
-// the same run; the ratio is how much the losses cost.
+// 1 %), or delayed by a jitter that reorders many (a 50 µs delay plus up
+// to 200 µs), with one pull block in flight and with the default 16. The
+// floor is the same messages, same pair, with nothing lost or delayed,
+// measured first in the same run; the ratio is how much the faults cost.
+// Late replies are frames that came twice: asked for again needlessly.
 func BenchmarkPullLossMem(b *testing.B) {
+	faults := []struct {
+		name string
+		mc   xdp.MemConfig
+	}{
+		{"loss=5%", xdp.MemConfig{Loss: 0.05, Reorder: 0.05, Duplicate: 0.01}},
+		{"loss=20%", xdp.MemConfig{Loss: 0.2, Reorder: 0.05, Duplicate: 0.01}},
+		{"jitter=200µs", xdp.MemConfig{Delay: 50 * time.Microsecond, Jitter: 200 * time.Microsecond}},
+		{"jitter=200µs+loss=5%", xdp.MemConfig{Loss: 0.05, Delay: 50 * time.Microsecond, Jitter: 200 * time.Microsecond}},
+	}
 	for _, blocks := range []int{1, 16} {
-		for _, loss := range []float64{0.05, 0.2} {
-			b.Run(fmt.Sprintf("blocks=%d/loss=%g%%", blocks, loss*100), func(b *testing.B) {
-				benchPullLoss(b, blocks, loss)
+		for _, f := range faults {
+			b.Run(fmt.Sprintf("blocks=%d/%s", blocks, f.name), func(b *testing.B) {
+				benchPullLoss(b, blocks, f.mc)
 			})
 		}
 	}
 }
 
-func benchPullLoss(b *testing.B, blocks int, loss float64) {
+func benchPullLoss(b *testing.B, blocks int, faults xdp.MemConfig) {
 	const size = 1 << 20
 	hub := xdp.NewHub(xdp.MemConfig{Seed: 1})
 	la, lb := hub.Attach(), hub.Attach()
@@ -64,7 +75,7 @@ func benchPullLoss(b *testing.B, blocks int, loss float64) {
 		floor += one()
 	}
 	floor /= floorRuns
-	hub.SetConfig(xdp.MemConfig{Loss: loss, Reorder: 0.05, Duplicate: 0.01})
+	hub.SetConfig(faults)
 	before := y.Counters()
 	b.ResetTimer()
 	var lossy time.Duration
@@ -80,4 +91,5 @@ func benchPullLoss(b *testing.B, blocks int, loss float64) {
 	b.ReportMetric(float64(lossy)/n/float64(floor), "×lossless")
 	b.ReportMetric(float64(after.PullProbes-before.PullProbes)/n, "probes/msg")
 	b.ReportMetric(float64(after.PullReRequests-before.PullReRequests)/n, "re-requests/msg")
+	b.ReportMetric(float64(after.PullRepliesLate-before.PullRepliesLate)/n, "late-replies/msg")
 }
