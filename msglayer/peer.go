@@ -73,6 +73,10 @@ type peer struct {
 	// Pull blocks: smoothed time from request to last frame (ns; 0 before
 	// the first block), which includes the wait behind other blocks.
 	pullSRTT, pullVar int64
+	// pullReo is how long a pull block found missing frames behind a
+	// later one waits for them before asking again (ns): 0 until the
+	// peer's pull replies are seen reordered (onPullReply).
+	pullReo int64
 	// probed: the last block that completed after probes and no frame
 	// found lost, timed only if its probes turn out needless (onPullReply).
 	probed    probedBlock
@@ -445,7 +449,7 @@ func (p *peer) clear(code Code) {
 	p.resets++
 	p.in = inMsg{}
 	p.srtt, p.rttvar, p.rto = 0, 0, int64(e.cfg.InitialRTO)
-	p.pullSRTT, p.pullVar = 0, 0
+	p.pullSRTT, p.pullVar, p.pullReo = 0, 0, 0
 	p.probed = probedBlock{}
 	p.waiting = false // a new wait's silence counts from its own start
 	p.dead = false

@@ -3,6 +3,7 @@ package msglayer
 import (
 	"math"
 	"math/bits"
+	"time"
 )
 
 // Rendezvous pulls. A large (or synchronous, or converted) message leaves
@@ -63,6 +64,8 @@ type pullBlock struct {
 	probe          uint32 // the frame a probe asked for again, until it comes
 	req            uint32 // the stamp of the block's latest request or probe
 	tail           uint32 // the last frame that request asked for
+	suspect        int64  // when frames of the block were found missing behind later ones; 0: none
+	inferred       bool   // the latest request asks for frames found missing so: the next frame stored tells whether they were lost
 	lost           bool   // frames of the block were found lost and asked for again
 }
 
@@ -106,11 +109,60 @@ func (e *Endpoint) reRequestOvertaken(pl *pull, k uint32, now int64) {
 	for i := range pl.blocks {
 		b := &pl.blocks[i]
 		if b.active && b.want != 0 && int32(b.req-k) < 0 {
-			b.retries++
-			b.lost = true
-			e.stats.PullReRequests++
-			e.sendPullReq(pl, b, now)
+			e.foundMissing(pl, b, now)
 		}
+	}
+}
+
+// foundMissing takes block b's missing frames, asked for before frames
+// that came, for lost: they are asked for again at once, or, on a link
+// seen to reorder the peer's replies, once the peer's reordering window
+// has passed without them (pullTimers).
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) foundMissing(pl *pull, b *pullBlock, now int64) {
+	if reo := pl.peer.pullReo; reo != 0 {
+		if b.suspect == 0 {
+			b.suspect = now
+			e.arm(&pl.tm, now+reo)
+		}
+		return
+	}
+	e.reRequestLost(pl, b, now)
+}
+
+// reRequestLost asks again for the missing frames of block b, found lost.
+//
+// +checklocks:e.eng.mu
+func (e *Endpoint) reRequestLost(pl *pull, b *pullBlock, now int64) {
+	b.retries++
+	b.lost = true
+	e.stats.PullReRequests++
+	e.sendPullReq(pl, b, now)
+	b.inferred = true
+}
+
+// reordered adapts p's reordering window to what block b's inference of
+// lost frames proved, at the first frame stored after it: a copy from an
+// earlier request came, so the frames were not lost but overtaken (the
+// window doubles, from a quarter of the round trip, up to half the pull
+// timeout); or the new request's, so they were (the window shrinks by an
+// eighth, and closes below half its floor). On a link that does not
+// reorder, the window stays closed and a loss is asked for again at
+// once; one that reorders pays the window instead of the frames twice.
+// (In BenchmarkPullLossMem, 16 blocks, jitter 200 µs: 45 frames per 1 MiB
+// message came twice, against 688 with no window and 73 before the
+// stamps; with 5 % loss too, the message took 21.6 ms, 6.4 ms and 30.5.
+// Grown by a quarter round trip at a time instead, up to one, it took
+// 15.8 ms and 128 frames came twice, 125 with jitter alone.)
+func (p *peer) reordered(overtaken bool) {
+	floor := max(p.srtt/4, int64(10*time.Microsecond))
+	if overtaken {
+		p.pullReo = min(max(2*p.pullReo, floor), p.pullTimeout()/2)
+		return
+	}
+	if p.pullReo -= p.pullReo / 8; p.pullReo < floor/2 {
+		p.pullReo = 0
 	}
 }
 
@@ -341,6 +393,7 @@ func (e *Endpoint) pullReq(pl *pull, b *pullBlock, mask uint32, now int64) {
 	pl.reqs++
 	b.req = pl.reqs
 	b.tail = uint32(1) << (31 - bits.LeadingZeros32(mask))
+	b.suspect, b.inferred = 0, false
 	e.armPull(pl, b)
 	e.stats.PullRequests++
 	req := pullReqHdr{rndvID: pl.rndvID, pullID: pl.id, offset: b.offset, length: b.length,
@@ -520,6 +573,10 @@ func (e *Endpoint) onPullReply(p *peer, k uint32, th, payload []byte, now int64)
 		}
 		pl.got += n
 		pl.lastProgress = now
+		if b.inferred {
+			b.inferred = false
+			p.reordered(k != b.req)
+		}
 		if int32(k-pl.answered) > 0 && int32(k-pl.reqs) <= 0 {
 			// The first frame stored from a request later than those
 			// answered so far. (Only a frame stored: replies that fill
@@ -538,10 +595,7 @@ func (e *Endpoint) onPullReply(p *peer, k uint32, th, payload []byte, now int64)
 			// frames missing may be on their way. Taken as proof, a
 			// block whose 32 frames came in reverse order was asked for
 			// 31 times.)
-			b.retries++
-			b.lost = true
-			e.stats.PullReRequests++
-			e.sendPullReq(pl, b, now)
+			e.foundMissing(pl, b, now)
 		}
 		if b.want == 0 {
 			// A block asked for again is timed only when it proves to
@@ -616,6 +670,13 @@ func (e *Endpoint) pullTimers(pl *pull, now int64) int64 {
 		b := &pl.blocks[i]
 		if !b.active {
 			continue
+		}
+		if b.suspect != 0 {
+			if at := b.suspect + pl.peer.pullReo; now >= at {
+				e.reRequestLost(pl, b, now)
+			} else if next == 0 || at < next {
+				next = at
+			}
 		}
 		if now >= b.due(pl, maxRTO) {
 			e.probeBlock(pl, b, now)

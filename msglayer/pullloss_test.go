@@ -94,6 +94,23 @@ func (n *pullLossNet) release(k int) {
 
 func loseNone(uint32, int) bool { return false }
 
+// releaseReversed delivers the pull replies held back, the last first,
+// and moves what follows.
+func (n *pullLossNet) releaseReversed() {
+	for _, f := range slices.Backward(n.held) {
+		n.deliver(n.b, f)
+	}
+	n.held = nil
+	n.move(loseNone)
+}
+
+// reorderWindow is b's reordering window for a's pull replies.
+func (n *pullLossNet) reorderWindow() time.Duration {
+	n.b.eng.mu.Lock()
+	defer n.b.eng.mu.Unlock()
+	return time.Duration(n.b.peers[n.a.Addr()].pullReo)
+}
+
 // frameBytes is the data of one pull reply from a to b.
 func (n *pullLossNet) frameBytes() uint32 {
 	n.b.eng.mu.Lock()
@@ -218,5 +235,64 @@ func TestPullRepliesThatFillNothing(t *testing.T) {
 	}
 	if st, done, _ := n.b.Test(n.recv); done {
 		t.Errorf("receive complete (%v) without two of its frames", st.Code)
+	}
+}
+
+// TestPullReorderingLearned: a block whose frames all come in reverse
+// order, nothing lost, is asked for again once (the last frame found the
+// others missing), not once per frame: only the reply to the block's
+// latest request proves the frames before it lost. The overtaken copies
+// that come after that re-request open the peer's reordering window, and
+// the next block so reordered waits it out and is asked for nothing. A
+// loss found after that waits the window, not the pull timeout.
+func TestPullReorderingLearned(t *testing.T) {
+	n := newPullLossNet(t, 32*1468, 1)
+	n.holding = true
+	n.move(loseNone)
+	n.holding = false
+	n.releaseReversed()
+	mustComplete(t, n.b, n.recv, Success, "first receive, no time passing")
+	if c := n.b.Counters(); c.PullReRequests != 1 {
+		t.Errorf("first block reversed: %d re-requests, want 1", c.PullReRequests)
+	}
+	w := n.reorderWindow()
+	if w == 0 {
+		t.Fatal("reordering window still closed after frames came overtaken")
+	}
+	n.settle(5, time.Millisecond)
+	mustComplete(t, n.a, n.send, Success, "first send")
+
+	before := n.b.Counters()
+	n.message(32 * 1468)
+	n.holding = true
+	n.move(loseNone)
+	n.holding = false
+	n.releaseReversed()
+	mustComplete(t, n.b, n.recv, Success, "second receive, no time passing")
+	if c := n.b.Counters(); c.PullReRequests != before.PullReRequests {
+		t.Errorf("second block reversed, window %v open: %d re-requests", w, c.PullReRequests-before.PullReRequests)
+	}
+	n.settle(5, time.Millisecond)
+	mustComplete(t, n.a, n.send, Success, "second send")
+
+	before = n.b.Counters()
+	n.message(32 * 1468)
+	fb := n.frameBytes()
+	lose := func(off uint32, copies int) bool { return off == 3*fb && copies == 0 }
+	n.move(lose)
+	if _, done, _ := n.b.Test(n.recv); done {
+		t.Fatal("third receive complete with frame 3 lost")
+	}
+	w = n.reorderWindow()
+	if d := n.b.DebugPullTimeout(n.a.Addr()); w == 0 || w >= d {
+		t.Fatalf("window %v, pull timeout %v: want the window open and shorter", w, d)
+	}
+	n.clock.Advance(w)
+	n.timers(n.b)
+	n.move(lose)
+	mustComplete(t, n.b, n.recv, Success, "third receive, a window after the loss")
+	if c := n.b.Counters(); c.PullReRequests != before.PullReRequests+1 || c.PullProbes != before.PullProbes {
+		t.Errorf("third block lost frame 3: %d re-requests, %d probes; want 1 re-request, no probe",
+			c.PullReRequests-before.PullReRequests, c.PullProbes-before.PullProbes)
 	}
 }
