@@ -63,6 +63,7 @@ type pullBlock struct {
 	backoffs       int    // probes since the block's last frame: they back its timeout off
 	probe          uint32 // the frame a probe asked for again, until it comes
 	req            uint32 // the stamp of the block's latest request or probe
+	asked          uint32 // the stamp of its latest request for all its missing frames (not a probe)
 	tail           uint32 // the last frame that request asked for
 	suspect        int64  // when frames of the block were found missing behind later ones; 0: none
 	inferred       bool   // the latest request asks for frames found missing so: the next frame stored tells whether they were lost
@@ -383,6 +384,7 @@ func (g *engine) unstarve(pl *pull) {
 func (e *Endpoint) sendPullReq(pl *pull, b *pullBlock, now int64) {
 	b.probe = 0
 	e.pullReq(pl, b, b.want, now)
+	b.asked = b.req
 }
 
 // pullReq asks for the frames of block b in mask.
@@ -586,15 +588,18 @@ func (e *Endpoint) onPullReply(p *peer, k uint32, th, payload []byte, now int64)
 			pl.answered = k
 			e.reRequestOvertaken(pl, k, now)
 		}
-		if k == b.req && bit == b.tail && b.want != 0 {
+		if bit == b.tail && b.want != 0 && int32(k-b.asked) >= 0 {
 			// The last frame the block's latest request asked for came,
-			// in the reply to that request, and frames asked for before
-			// it did not: the sender answers in order, so they were
-			// lost. (A copy from an earlier request proves nothing on a
-			// link that reorders: the latest request's copies of the
-			// frames missing may be on their way. Taken as proof, a
-			// block whose 32 frames came in reverse order was asked for
-			// 31 times.)
+			// in a reply to the block's latest request for all its
+			// missing frames or to a probe since (a probe asks for the
+			// last frame missing), and frames asked for before it did
+			// not: the sender answers in order, so they were lost. (A
+			// copy from an earlier request proves nothing on a link that
+			// reorders: the later request's copies of the frames missing
+			// may be on their way. Taken as proof, a block whose 32 frames came in
+			// reverse order was asked for 31 times. Taken from the
+			// latest request only, a block probed twice, the first
+			// probe's answer late, waited for a third probe.)
 			e.foundMissing(pl, b, now)
 		}
 		if b.want == 0 {

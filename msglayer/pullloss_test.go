@@ -111,6 +111,14 @@ func (n *pullLossNet) reorderWindow() time.Duration {
 	return time.Duration(n.b.peers[n.a.Addr()].pullReo)
 }
 
+// sendDone lets time pass for the notify and acks, and fails the test
+// unless the send (named what) completed with success.
+func (n *pullLossNet) sendDone(what string) {
+	n.t.Helper()
+	n.settle(5, time.Millisecond)
+	mustComplete(n.t, n.a, n.send, Success, what)
+}
+
 // frameBytes is the data of one pull reply from a to b.
 func (n *pullLossNet) frameBytes() uint32 {
 	n.b.eng.mu.Lock()
@@ -131,8 +139,7 @@ func TestPullLastFrameFindsLoss(t *testing.T) {
 	if c := n.b.Counters(); c.PullProbes != 0 || c.PullReRequests != 1 {
 		t.Errorf("%d probes, %d re-requests: want the two holes asked for once, with no probe", c.PullProbes, c.PullReRequests)
 	}
-	n.settle(5, time.Millisecond)
-	mustComplete(t, n.a, n.send, Success, "send")
+	n.sendDone("send")
 }
 
 // TestPullBackoffEndsWithFrame: a probe answered shows the peer answers,
@@ -159,8 +166,7 @@ func TestPullBackoffEndsWithFrame(t *testing.T) {
 		n.move(lose)
 	}
 	mustComplete(t, n.b, n.recv, Success, "receive two pull timeouts after the losses")
-	n.settle(5, time.Millisecond)
-	mustComplete(t, n.a, n.send, Success, "send")
+	n.sendDone("send")
 	if c := n.b.Counters(); c.PullProbes != 2 || c.PullReRequests != 1 {
 		t.Errorf("%d probes, %d re-requests: want 2 probes (the last frame, then x) and 1 re-request (x)", c.PullProbes, c.PullReRequests)
 	}
@@ -216,8 +222,7 @@ func TestPullStallAsksNothingAgain(t *testing.T) {
 	if c := n.b.Counters(); c.PullReRequests != 0 || c.PullProbes != 3 {
 		t.Errorf("%d re-requests, %d probes: the stalled sender's blocks were asked for again", c.PullReRequests, c.PullProbes)
 	}
-	n.settle(5, time.Millisecond)
-	mustComplete(t, n.a, n.send, Success, "send")
+	n.sendDone("send")
 }
 
 // TestPullRepliesThatFillNothing: replies that store nothing (here a
@@ -259,8 +264,7 @@ func TestPullReorderingLearned(t *testing.T) {
 	if w == 0 {
 		t.Fatal("reordering window still closed after frames came overtaken")
 	}
-	n.settle(5, time.Millisecond)
-	mustComplete(t, n.a, n.send, Success, "first send")
+	n.sendDone("first send")
 
 	before := n.b.Counters()
 	n.message(32 * 1468)
@@ -272,8 +276,7 @@ func TestPullReorderingLearned(t *testing.T) {
 	if c := n.b.Counters(); c.PullReRequests != before.PullReRequests {
 		t.Errorf("second block reversed, window %v open: %d re-requests", w, c.PullReRequests-before.PullReRequests)
 	}
-	n.settle(5, time.Millisecond)
-	mustComplete(t, n.a, n.send, Success, "second send")
+	n.sendDone("second send")
 
 	before = n.b.Counters()
 	n.message(32 * 1468)
