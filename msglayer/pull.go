@@ -12,9 +12,11 @@ import (
 // blocks in flight. The sender answers pull requests statelessly, from
 // the send's buffers, and in order: each reply echoes the stamp of the
 // request it answers, and the frames still missing from the blocks last
-// asked for before a request whose reply arrives, or from a block when
-// the last frame asked for comes, were lost and are asked for again. A
-// block that goes quiet is probed for its last missing frame. When
+// asked for before a request whose reply brings a frame, or from a block
+// when the last frame asked for comes, were lost and are asked for again
+// (at once, or after the peer's reordering window if its replies were
+// seen overtaken). A block that goes quiet is probed for its last missing
+// frame. When
 // everything arrived, the receiver sends a reliable notify and the send
 // completes.
 
@@ -31,7 +33,7 @@ type pull struct {
 	got          uint32 // bytes received
 	lastProgress int64
 	reqs         uint32 // the stamp of the pull's latest request (the requests sent)
-	answered     uint32 // the latest stamp a reply brought
+	answered     uint32 // the latest stamp of a reply that stored a frame
 	blocks       []pullBlock
 	hint         int   // the block the last reply belonged to: most replies follow it
 	waiting      int   // its index in engine.starved[waitList] while it waits for the pull budget, else -1
@@ -143,7 +145,7 @@ func (e *Endpoint) reRequestLost(pl *pull, b *pullBlock, now int64) {
 	b.inferred = true
 }
 
-// reordered adapts p's reordering window to what block b's inference of
+// reordered adapts p's reordering window to what a block's inference of
 // lost frames proved, at the first frame stored after it: a copy from an
 // earlier request came, so the frames were not lost but overtaken (the
 // window doubles, from a quarter of the round trip, up to half the pull
@@ -596,10 +598,10 @@ func (e *Endpoint) onPullReply(p *peer, k uint32, th, payload []byte, now int64)
 			// not: the sender answers in order, so they were lost. (A
 			// copy from an earlier request proves nothing on a link that
 			// reorders: the later request's copies of the frames missing
-			// may be on their way. Taken as proof, a block whose 32 frames came in
-			// reverse order was asked for 31 times. Taken from the
-			// latest request only, a block probed twice, the first
-			// probe's answer late, waited for a third probe.)
+			// may be on their way. Taken as proof, a block whose 32
+			// frames came in reverse order was asked for 31 times. Taken
+			// from the latest request only, a block probed twice, the
+			// first probe's answer late, waited for a third probe.)
 			e.foundMissing(pl, b, now)
 		}
 		if b.want == 0 {
