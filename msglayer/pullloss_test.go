@@ -119,6 +119,14 @@ func (n *pullLossNet) sendDone(what string) {
 	mustComplete(n.t, n.a, n.send, Success, what)
 }
 
+// wait lets d pass, runs b's timers and moves what they send, lose
+// choosing the pull replies lost (move).
+func (n *pullLossNet) wait(d time.Duration, lose func(off uint32, copies int) bool) {
+	n.clock.Advance(d)
+	n.timers(n.b)
+	n.move(lose)
+}
+
 // frameBytes is the data of one pull reply from a to b.
 func (n *pullLossNet) frameBytes() uint32 {
 	n.b.eng.mu.Lock()
@@ -126,20 +134,35 @@ func (n *pullLossNet) frameBytes() uint32 {
 	return uint32(n.b.peers[n.a.Addr()].pullPayload())
 }
 
-// TestPullLastFrameFindsLoss: frames lost from a block's middle are found
-// when the last frame its request asked for arrives (the sender answers
-// in order), and asked for again at once, without waiting for a probe.
-func TestPullLastFrameFindsLoss(t *testing.T) {
-	n := newPullLossNet(t, 40000, 1)
-	fb := n.frameBytes()
-	n.move(func(off uint32, copies int) bool {
-		return copies == 0 && (off == 3*fb || off == 9*fb)
-	})
-	mustComplete(t, n.b, n.recv, Success, "receive, no time passing")
-	if c := n.b.Counters(); c.PullProbes != 0 || c.PullReRequests != 1 {
-		t.Errorf("%d probes, %d re-requests: want the two holes asked for once, with no probe", c.PullProbes, c.PullReRequests)
+// TestPullLossFoundWithoutProbe: frames lost from a block are found, and
+// asked for again once, with no time passing and no probe, because the
+// sender answers in order:
+//   - from its middle, when the last frame its request asked for arrives;
+//   - from its tail too, where nothing of its own request follows them,
+//     when a reply to a request sent after it arrives (the other block's,
+//     asked for in the same instant).
+func TestPullLossFoundWithoutProbe(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		size, blocks int
+		lost         [2]uint32 // frames lost once
+	}{
+		{"LastFrame", 40000, 1, [2]uint32{3, 9}},
+		{"LaterRequest", 80000, 2, [2]uint32{4, 31}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newPullLossNet(t, tc.size, tc.blocks)
+			fb := n.frameBytes()
+			n.move(func(off uint32, copies int) bool {
+				return copies == 0 && (off == tc.lost[0]*fb || off == tc.lost[1]*fb)
+			})
+			mustComplete(t, n.b, n.recv, Success, "receive, no time passing")
+			if c := n.b.Counters(); c.PullProbes != 0 || c.PullReRequests != 1 {
+				t.Errorf("%d probes, %d re-requests: want the holes asked for once, with no probe", c.PullProbes, c.PullReRequests)
+			}
+			n.sendDone("send")
+		})
 	}
-	n.sendDone("send")
 }
 
 // TestPullBackoffEndsWithFrame: a probe answered shows the peer answers,
@@ -161,9 +184,7 @@ func TestPullBackoffEndsWithFrame(t *testing.T) {
 		if st, done, _ := n.b.Test(n.recv); done {
 			t.Fatalf("receive complete (%v) after %d pull timeouts: nothing was lost", st.Code, i)
 		}
-		n.clock.Advance(d + time.Microsecond)
-		n.timers(n.b)
-		n.move(lose)
+		n.wait(d+time.Microsecond, lose)
 	}
 	mustComplete(t, n.b, n.recv, Success, "receive two pull timeouts after the losses")
 	n.sendDone("send")
@@ -172,22 +193,6 @@ func TestPullBackoffEndsWithFrame(t *testing.T) {
 	}
 	if got := n.copies[x]; got != 3 {
 		t.Errorf("frame x sent %d times, want 3", got)
-	}
-}
-
-// TestPullLaterRequestFindsLoss: frames lost from a block's tail, where
-// nothing of its own request follows them, are found when a reply to a
-// request sent after it arrives: the other block's, asked for in the same
-// instant.
-func TestPullLaterRequestFindsLoss(t *testing.T) {
-	n := newPullLossNet(t, 80000, 2)
-	fb := n.frameBytes()
-	n.move(func(off uint32, copies int) bool {
-		return copies == 0 && (off == 4*fb || off == 31*fb)
-	})
-	mustComplete(t, n.b, n.recv, Success, "receive, no time passing")
-	if c := n.b.Counters(); c.PullProbes != 0 || c.PullReRequests != 1 {
-		t.Errorf("%d probes, %d re-requests: want the first block's holes asked for once, with no probe", c.PullProbes, c.PullReRequests)
 	}
 }
 
@@ -203,16 +208,12 @@ func TestPullStallAsksNothingAgain(t *testing.T) {
 	n.holding = true
 	n.move(loseNone)
 	d := n.b.DebugPullTimeout(n.a.Addr())
-	n.clock.Advance(d + time.Microsecond)
-	n.timers(n.b)
-	n.move(loseNone)
+	n.wait(d+time.Microsecond, loseNone)
 	if c := n.b.Counters(); c.PullProbes != 2 {
 		t.Fatalf("%d probes one pull timeout into the stall, want 2 (one per block)", c.PullProbes)
 	}
 	n.release(6)
-	n.clock.Advance(d + time.Microsecond)
-	n.timers(n.b)
-	n.move(loseNone)
+	n.wait(d+time.Microsecond, loseNone)
 	if c := n.b.Counters(); c.PullProbes != 3 {
 		t.Fatalf("%d probes after the first block's frames stalled again, want 3", c.PullProbes)
 	}
@@ -290,9 +291,7 @@ func TestPullReorderingLearned(t *testing.T) {
 	if d := n.b.DebugPullTimeout(n.a.Addr()); w == 0 || w >= d {
 		t.Fatalf("window %v, pull timeout %v: want the window open and shorter", w, d)
 	}
-	n.clock.Advance(w)
-	n.timers(n.b)
-	n.move(lose)
+	n.wait(w, lose)
 	mustComplete(t, n.b, n.recv, Success, "third receive, a window after the loss")
 	if c := n.b.Counters(); c.PullReRequests != before.PullReRequests+1 || c.PullProbes != before.PullProbes {
 		t.Errorf("third block lost frame 3: %d re-requests, %d probes; want 1 re-request, no probe",
