@@ -643,9 +643,16 @@ func (e *Endpoint) Peek(ctx context.Context) (Request, error) {
 }
 
 // Iprobe reports whether an unexpected message fitting (info, mask) has
-// arrived, without receiving it. Status.Code is Success, MsgLen its length.
-// With a bit of info outside mask nothing fits: false (Probe refuses such
-// a pair). It makes progress as Test does.
+// arrived, without receiving it. Status.Code is Success, MsgLen its length
+// and XferLen 0, as nothing was received. With a bit of info outside mask
+// nothing fits: false (Probe refuses such a pair). It makes progress as
+// Test does.
+//
+// A message is reported from its first frame on, while the rest may still
+// be arriving: it is the message the next receive fitting (info, mask)
+// takes, in the order receives match. If its sender is given up before the
+// message is whole, the message is dropped, and a receive that took it
+// completes with Unreachable.
 func (e *Endpoint) Iprobe(info, mask uint64) (Status, bool) {
 	if st, ok := e.iprobe(info, mask); ok || !e.eng.progress() {
 		return st, ok
@@ -664,9 +671,9 @@ func (e *Endpoint) iprobe(info, mask uint64) (Status, bool) {
 	return Status{Source: u.src.addr, Match: u.match, MsgLen: int(u.msgLen)}, true
 }
 
-// Probe waits for an unexpected message fitting (info, mask). A pair
-// with a bit of info outside mask, which nothing fits, is refused
-// (ErrBadMatchMask).
+// Probe waits for an unexpected message fitting (info, mask) and reports
+// it as Iprobe does. A pair with a bit of info outside mask, which nothing
+// fits, is refused (ErrBadMatchMask).
 func (e *Endpoint) Probe(ctx context.Context, info, mask uint64) (Status, error) {
 	if err := checkMatch(info, mask); err != nil {
 		return Status{}, err

@@ -103,3 +103,49 @@ func TestFailedReceiveXferLen(t *testing.T) {
 		})
 	}
 }
+
+// TestProbeSeesMessageStillArriving: Probe reports an eager message from
+// its first fragment on (XferLen 0: nothing received), and a receive
+// posted on that report takes it; when the sender is given up before the
+// message is whole, that receive completes with ErrUnreachable, holding
+// the prefix that came, and the message is no longer probed.
+func TestProbeSeesMessageStillArriving(t *testing.T) {
+	cfg := msglayer.Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond}
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	rx := &cutAtLink{MemLink: lb, cutAt: 1} // only the first fragment comes
+	ca, cb := cfg, cfg
+	ca.Link, ca.EndpointID, ca.Key = la, 1, 1
+	cb.Link, cb.EndpointID, cb.Key = rx, 2, 2
+	a, b := openEP(t, ca), openEP(t, cb)
+	ctx := ctxFor(t, 10*time.Second)
+	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
+		t.Fatal(err)
+	}
+	const size = 20000
+	s, err := a.Isend(b.Addr(), 7, [][]byte{message(1, size)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Cancel(s)
+	st, err := b.Probe(ctx, 0, 0)
+	if err != nil || st.Match != 7 || st.MsgLen != size || st.XferLen != 0 || st.Code != msglayer.Success {
+		t.Fatalf("Probe: %+v, %v; want match 7, MsgLen %d, XferLen 0", st, err, size)
+	}
+	buf := make([]byte, size)
+	r, err := b.Irecv(7, ^uint64(0), [][]byte{buf}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err = b.Wait(ctx, r)
+	if !errors.Is(err, msglayer.ErrUnreachable) {
+		t.Fatalf("receive of a message cut at byte %d: %+v, %v; want ErrUnreachable", rx.cutOff.Load(), st, err)
+	}
+	if off := int(rx.cutOff.Load()); st.XferLen != off || string(buf[:off]) != string(message(1, size)[:off]) {
+		t.Fatalf("receive cut at byte %d: XferLen %d, or its bytes differ from the message's", off, st.XferLen)
+	}
+	if st, ok := b.Iprobe(0, 0); ok {
+		t.Fatalf("Iprobe after the give-up still reports %+v", st)
+	}
+}
