@@ -428,8 +428,8 @@ func (e *Endpoint) test(h Request) (Status, bool, error) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.flushAndUnlock() // what a settle of acks framed goes out
-	if !h.valid() || h.r.ep != e {
-		return Status{}, false, ErrStaleRequest
+	if err := h.checkOn(e); err != nil {
+		return Status{}, false, err
 	}
 	r := h.r
 	if !r.done {
@@ -477,10 +477,13 @@ func (e *Endpoint) collectTo(r *request, st *Status) {
 // ErrStaleRequest.
 func (e *Endpoint) Wait(ctx context.Context, h Request) (Status, error) {
 	r := h.r
-	if r == nil || r.ep != e || r.liveGen.Load() != h.gen {
-		// Spent (by Test, Forget or another Wait), recycled, or another
-		// endpoint's: waiting on it could last for ever.
+	if r == nil || r.liveGen.Load() != h.gen {
+		// Spent (by Test, Forget or another Wait), or recycled: waiting
+		// on it could last for ever.
 		return Status{}, ErrStaleRequest
+	}
+	if r.ep != e {
+		return Status{}, ErrForeignRequest
 	}
 	// Completion signals r.wake only while someone may sleep on it (the
 	// goroutine driving the link sees the completion by itself, and
@@ -721,8 +724,8 @@ func (e *Endpoint) Cancel(h Request) (bool, error) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !h.valid() || h.r.ep != e {
-		return false, ErrStaleRequest
+	if err := h.checkOn(e); err != nil {
+		return false, err
 	}
 	r := h.r
 	switch r.kind {
@@ -758,8 +761,8 @@ func (e *Endpoint) Forget(h Request) error {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !h.valid() || h.r.ep != e {
-		return ErrStaleRequest
+	if err := h.checkOn(e); err != nil {
+		return err
 	}
 	r := h.r
 	if r.done {
@@ -791,8 +794,8 @@ func (e *Endpoint) ibuffered(h Request) (bool, error) {
 	g := e.eng
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if !h.valid() || h.r.ep != e {
-		return false, ErrStaleRequest
+	if err := h.checkOn(e); err != nil {
+		return false, err
 	}
 	// Pull replies still to be built from the data pin it (txRefs), even
 	// once the notify said the receiver has it all.

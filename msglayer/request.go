@@ -131,6 +131,18 @@ type Request struct {
 // caller holds the engine lock.
 func (h Request) valid() bool { return h.r != nil && h.r.gen == h.gen }
 
+// checkOn returns why h cannot be used on endpoint e (ErrStaleRequest,
+// ErrForeignRequest), or nil. The caller holds the engine lock.
+func (h Request) checkOn(e *Endpoint) error {
+	switch {
+	case !h.valid():
+		return ErrStaleRequest
+	case h.r.ep != e:
+		return ErrForeignRequest
+	}
+	return nil
+}
+
 // copyFromSegs copies into dst the bytes of segs starting at offset off
 // and returns how many it copied.
 func copyFromSegs(dst []byte, segs [][]byte, off int) int {

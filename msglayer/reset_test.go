@@ -206,8 +206,9 @@ func TestReconnectAfterForgetting(t *testing.T) {
 	}
 }
 
-// TestHandleMisuse: a handle that is spent, or another endpoint's, is
-// refused at once by Wait, Cancel and Forget; a Get is not cancelled
+// TestHandleMisuse: a handle that is spent (ErrStaleRequest), or another
+// endpoint's (ErrForeignRequest), is refused at once by Test, Wait, Cancel
+// and Forget; a Get is not cancelled
 // under way, and completes with its data.
 func TestHandleMisuse(t *testing.T) {
 	a, b, _, _ := connectedPair(t, Config{}, Config{})
@@ -217,14 +218,17 @@ func TestHandleMisuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Cancel(rb); err != ErrStaleRequest {
-		t.Errorf("Cancel of another endpoint's receive: %v, want %v", err, ErrStaleRequest)
+	if _, _, err := a.Test(rb); err != ErrForeignRequest {
+		t.Errorf("Test of another endpoint's receive: %v, want %v", err, ErrForeignRequest)
 	}
-	if err := a.Forget(rb); err != ErrStaleRequest {
-		t.Errorf("Forget of another endpoint's receive: %v, want %v", err, ErrStaleRequest)
+	if _, err := a.Cancel(rb); err != ErrForeignRequest {
+		t.Errorf("Cancel of another endpoint's receive: %v, want %v", err, ErrForeignRequest)
 	}
-	if _, err := a.Wait(ctx, rb); err != ErrStaleRequest {
-		t.Errorf("Wait on another endpoint's receive: %v, want %v", err, ErrStaleRequest)
+	if err := a.Forget(rb); err != ErrForeignRequest {
+		t.Errorf("Forget of another endpoint's receive: %v, want %v", err, ErrForeignRequest)
+	}
+	if _, err := a.Wait(ctx, rb); err != ErrForeignRequest {
+		t.Errorf("Wait on another endpoint's receive: %v, want %v", err, ErrForeignRequest)
 	}
 	s, err := a.Isend(b.Addr(), 1, [][]byte{make([]byte, 10)}, nil)
 	if err != nil {

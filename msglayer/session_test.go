@@ -377,8 +377,8 @@ func TestIbufferedForeignHandle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Cancel(r)
-	if _, err := a.Ibuffered(r); !errors.Is(err, ErrStaleRequest) {
-		t.Errorf("Ibuffered of another endpoint's handle: %v, want ErrStaleRequest", err)
+	if _, err := a.Ibuffered(r); !errors.Is(err, ErrForeignRequest) {
+		t.Errorf("Ibuffered of another endpoint's handle: %v, want ErrForeignRequest", err)
 	}
 }
 

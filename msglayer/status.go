@@ -82,8 +82,11 @@ var (
 	ErrTooLong      = errors.New("msglayer: message longer than 4 GiB - 1")
 	ErrNotConnected = errors.New("msglayer: peer not connected")
 	ErrStaleRequest = errors.New("msglayer: request already completed and released")
-	ErrNotCancelled = errors.New("msglayer: only unmatched receives and pending connects can be cancelled")
-	ErrOtherLink    = errors.New("msglayer: endpoint not on the group's link") // Group.On
+	// ErrForeignRequest: a live request handed to another endpoint's
+	// Test, Wait, Cancel or similar call.
+	ErrForeignRequest = errors.New("msglayer: request belongs to another endpoint")
+	ErrNotCancelled   = errors.New("msglayer: only unmatched receives and pending connects can be cancelled")
+	ErrOtherLink      = errors.New("msglayer: endpoint not on the group's link") // Group.On
 )
 
 // Status describes a completed request (MX's mx_status_t).
