@@ -45,6 +45,24 @@ func (l *cutAtLink) RecvVisit(max int, timeout time.Duration, v xdp.Visitor) (in
 	return l.MemLink.RecvVisit(max, timeout, cutAtVisitor{l, v})
 }
 
+// cutPair returns endpoints a and b (config cfg) connected over an
+// in-memory hub, b hearing a through a cutAtLink cut at offset cutAt.
+func cutPair(t *testing.T, cfg msglayer.Config, cutAt uint32) (a, b *msglayer.Endpoint, rx *cutAtLink) {
+	t.Helper()
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb := hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close() })
+	rx = &cutAtLink{MemLink: lb, cutAt: cutAt}
+	ca, cb := cfg, cfg
+	ca.Link, ca.EndpointID, ca.Key = la, 1, 1
+	cb.Link, cb.EndpointID, cb.Key = rx, 2, 2
+	a, b = openEP(t, ca), openEP(t, cb)
+	if err := a.Connect(ctxFor(t, 10*time.Second), b.Addr(), 2); err != nil {
+		t.Fatalf("connect over the cut link: %v", err)
+	}
+	return a, b, rx
+}
+
 // TestFailedReceiveXferLen: a receive whose sender dies while the data
 // comes reports, with ErrUnreachable, the prefix of the message that
 // arrived, and its buffer holds those bytes; for a rendezvous message
@@ -65,18 +83,8 @@ func TestFailedReceiveXferLen(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := msglayer.Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond, RendezvousThreshold: tc.threshold}
-			hub := xdp.NewHub(xdp.MemConfig{})
-			la, lb := hub.Attach(), hub.Attach()
-			t.Cleanup(func() { la.Close(); lb.Close() })
-			rx := &cutAtLink{MemLink: lb, cutAt: tc.cutAt}
-			ca, cb := cfg, cfg
-			ca.Link, ca.EndpointID, ca.Key = la, 1, 1
-			cb.Link, cb.EndpointID, cb.Key = rx, 2, 2
-			a, b := openEP(t, ca), openEP(t, cb)
+			a, b, rx := cutPair(t, cfg, tc.cutAt)
 			ctx := ctxFor(t, 10*time.Second)
-			if err := a.Connect(ctx, b.Addr(), 2); err != nil {
-				t.Fatal(err)
-			}
 			buf := make([]byte, tc.size)
 			r, err := b.Irecv(1, ^uint64(0), [][]byte{buf}, nil)
 			if err != nil {
@@ -111,18 +119,8 @@ func TestFailedReceiveXferLen(t *testing.T) {
 // the prefix that came, and the message is no longer probed.
 func TestProbeSeesMessageStillArriving(t *testing.T) {
 	cfg := msglayer.Config{GiveUp: 300 * time.Millisecond, KeepaliveInterval: 50 * time.Millisecond}
-	hub := xdp.NewHub(xdp.MemConfig{})
-	la, lb := hub.Attach(), hub.Attach()
-	t.Cleanup(func() { la.Close(); lb.Close() })
-	rx := &cutAtLink{MemLink: lb, cutAt: 1} // only the first fragment comes
-	ca, cb := cfg, cfg
-	ca.Link, ca.EndpointID, ca.Key = la, 1, 1
-	cb.Link, cb.EndpointID, cb.Key = rx, 2, 2
-	a, b := openEP(t, ca), openEP(t, cb)
+	a, b, rx := cutPair(t, cfg, 1) // only the first fragment comes
 	ctx := ctxFor(t, 10*time.Second)
-	if err := a.Connect(ctx, b.Addr(), 2); err != nil {
-		t.Fatal(err)
-	}
 	const size = 20000
 	s, err := a.Isend(b.Addr(), 7, [][]byte{message(1, size)}, nil)
 	if err != nil {
