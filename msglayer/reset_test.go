@@ -208,8 +208,8 @@ func TestReconnectAfterForgetting(t *testing.T) {
 
 // TestHandleMisuse: a handle that is spent (ErrStaleRequest), or another
 // endpoint's (ErrForeignRequest), is refused at once by Test, Wait, Cancel
-// and Forget; a Get is not cancelled
-// under way, and completes with its data.
+// and Forget; a Get is not cancelled under way, and completes with its
+// data.
 func TestHandleMisuse(t *testing.T) {
 	a, b, _, _ := connectedPair(t, Config{}, Config{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
