@@ -141,14 +141,29 @@ func (e *Endpoint) connectTimers(now int64) int64 {
 	return next
 }
 
-// Disconnect forgets the peer at a: pending operations with it complete
-// with Aborted, and a new Connect is needed to send to it again.
+// Disconnect forgets the peer at a: pending operations with it, connects
+// under way among them, complete with Aborted, and a new Connect is needed
+// to send to it again.
 func (e *Endpoint) Disconnect(a Addr) {
 	g := e.eng
 	g.mu.Lock()
 	if e.closed {
 		g.mu.Unlock() // Close forgot every peer
 		return
+	}
+	// Before the reset, whose new id would send them again.
+	kept := e.connects[:0]
+	for _, r := range e.connects {
+		if r.connAddr == a {
+			e.complete(r, Aborted)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	if len(kept) < len(e.connects) {
+		clear(e.connects[len(kept):])
+		e.connects = kept
+		g.signal()
 	}
 	if p := e.peers[a]; p != nil {
 		if p.local == nil && p.connected {

@@ -70,6 +70,58 @@ func TestRepeatedDisconnectKeepsID(t *testing.T) {
 	}
 }
 
+// TestDisconnectAbortsPendingConnect: a Disconnect of a peer a connect
+// to it is still under way for (its frames lost) completes that connect
+// with Aborted. The reset's new id sent it again instead, and it
+// connected the peer once frames went through, with no new Connect. A
+// connect to another peer, pending as well, is left to run.
+func TestDisconnectAbortsPendingConnect(t *testing.T) {
+	hub := xdp.NewHub(xdp.MemConfig{})
+	la, lb, lc := hub.Attach(), hub.Attach(), hub.Attach()
+	t.Cleanup(func() { la.Close(); lb.Close(); lc.Close() })
+	open := func(l xdp.Link, id uint8, key uint32) *Endpoint {
+		e, err := Open(Config{Link: l, EndpointID: id, Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	a, b, c := open(la, 1, 0xa), open(lb, 2, 0xb), open(lc, 3, 0xc)
+	la.Partition(true)
+	rb, err := a.IConnect(b.Addr(), 0xb, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := a.IConnect(c.Addr(), 0xc, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Disconnect(b.Addr())
+	la.Partition(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	st, err := a.Wait(ctx, rb)
+	if st.Code != Aborted || !errors.Is(err, ErrAborted) {
+		t.Errorf("connect pending at Disconnect: %v (%v), want Aborted", st.Code, err)
+	}
+	if st, err := a.Wait(ctx, rc); err != nil {
+		t.Errorf("connect to another peer, pending at the Disconnect: %v (%v), want success", st.Code, err)
+	}
+	a.eng.mu.Lock()
+	connected := a.peers[b.Addr()] != nil && a.peers[b.Addr()].connected
+	a.eng.mu.Unlock()
+	if connected {
+		t.Error("a is connected to b after the Disconnect, with no Connect since")
+	}
+	if err := a.Connect(ctx, b.Addr(), 0xb); err != nil {
+		t.Fatalf("Connect after the Disconnect: %v", err)
+	}
+	if err := sendAndWait(t, a, b, 1, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestLockstepConnects: two endpoints each connected to an id the
 // other has left (reached here through two old connect copies delivered
 // after both sides reset) call Connect at the same moment, again and

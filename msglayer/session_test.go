@@ -723,11 +723,11 @@ func TestReopenWhileStopping(t *testing.T) {
 }
 
 // TestLateOlderConnectAfterDisconnect: a connect from an older id of the
-// peer's self (here delayed while the peer's connect went again from its
-// next id) arriving after this side disconnected must not connect it
-// again: ids only move forward and a new id sends its pending connects
-// as new ones, so it is a stale copy. The record's knowledge of the
-// newer id used to count only while connected, and the copy paired b
+// peer's self (here delayed while the peer disconnected and connected
+// again from its next id) arriving after this side disconnected must not
+// connect it again: ids only move forward and a new id sends its pending
+// connects as new ones, so it is a stale copy. The record's knowledge of
+// the newer id used to count only while connected, and the copy paired b
 // with an id a had left.
 func TestLateOlderConnectAfterDisconnect(t *testing.T) {
 	n := newManNet(t, time.Hour)
@@ -740,7 +740,12 @@ func TestLateOlderConnectAfterDisconnect(t *testing.T) {
 	if len(late) != 1 {
 		t.Fatalf("%d frames for one connect", len(late))
 	}
-	a.Disconnect(b.Addr()) // the pending connect goes again, from a's next id
+	a.Disconnect(b.Addr()) // a moves on to its next id
+	mustComplete(t, a, ra, Aborted, "a's connect pending at its Disconnect")
+	ra, err = a.IConnect(b.Addr(), 0xb, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	n.lockstep()
 	mustComplete(t, a, ra, Success, "a's connect from its next id")
 	b.Disconnect(a.Addr())
