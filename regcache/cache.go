@@ -2,6 +2,7 @@ package regcache
 
 import (
 	"errors"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +47,7 @@ type Cache struct {
 	maxBytes   int64
 
 	mu   sync.Mutex
-	cond sync.Cond // signalled when a teardown settles or a reservation ends
+	cond sync.Cond // signalled when a teardown settles or a registration ends
 
 	// idx: regions (length > 0, live) sorted by base; maxEnd[i] is the
 	// largest end among idx[:i+1], which bounds the backward scans.
@@ -57,13 +58,16 @@ type Cache struct {
 	lruCount         int
 	lruBytes         int64
 
-	count          int   // regions accounted
-	bytes          int64 // page bytes accounted
-	pendingCount   int   // accounted regions whose teardown is in flight
-	pendingBytes   int64
-	inUse          int
-	zombies        int
-	closed         bool
+	count        int   // regions accounted
+	bytes        int64 // page bytes accounted
+	pendingCount int   // accounted regions whose teardown is in flight
+	pendingBytes int64
+	inUse        int
+	zombies      int
+	closed       bool
+	// registering: the regions reserved and being registered, without
+	// the lock (not yet in idx); a miss that one of them covers waits.
+	registering    []*Region
 	hits, misses   uint64
 	evictions      uint64
 	invalidations  uint64
@@ -289,19 +293,86 @@ func (c *Cache) hitLocked(r *Region) {
 // miss registers buf, c.mu held on entry, released on return.
 func (c *Cache) miss(buf []byte) (*Region, error) {
 	c.misses++
+	for {
+		r, hit, err := c.reserve(buf)
+		if hit || err != nil {
+			return r, err
+		}
+		// Register without the lock; others wanting memory r covers
+		// wait for it (registering).
+		err = c.reg.register(r)
+
+		c.mu.Lock()
+		c.registering = slices.DeleteFunc(c.registering, func(x *Region) bool { return x == r })
+		c.cond.Broadcast() // after the insertion below: waiters relock after us
+		if err != nil {
+			r.acct = false
+			c.count--
+			c.bytes -= r.span
+			c.mu.Unlock()
+			return nil, err
+		}
+		c.registrations++
+		if r.state.Load() != stLive || c.closed {
+			// Unmap, Invalidate or Close tore it down while we
+			// registered: settle does the accounting, now or when its
+			// teardown ends.
+			if c.closed {
+				c.mu.Unlock()
+				c.invalidateOne(r)
+				return nil, opErr(ErrClosed, "acquire %d bytes at %#x", len(buf), r.base)
+			}
+			// As if the teardown had come before this Acquire: register
+			// again. Memory that Unmap is taking away is refused then
+			// (ErrUnmapped), or fails to lock once it is gone.
+			continue
+		}
+		r.refs = 1
+		c.inUse++
+		if !r.uncached {
+			c.idxInsert(r)
+		}
+		c.mu.Unlock()
+		return r, nil
+	}
+}
+
+// reserve makes room for a registration of buf and accounts for it, c.mu
+// held on entry, released on return. It returns the region to register,
+// in c.registering; or a hit (a region of someone else's registration,
+// made meanwhile) or an error.
+func (c *Cache) reserve(buf []byte) (_ *Region, hit bool, _ error) {
 	r := newRegion(c.reg, buf)
 	r.cache = c
 	r.uncached = len(buf) == 0
 	if (c.maxBytes >= 0 && r.span > c.maxBytes) || c.maxRegions < 1 {
 		c.refusals++
 		c.mu.Unlock()
-		return nil, opErr(ErrLimit, "acquire %d bytes at %#x: needs %d locked bytes, more than MaxLockedBytes %d (default: half the RLIMIT_MEMLOCK soft limit)",
+		return nil, false, opErr(ErrLimit, "acquire %d bytes at %#x: needs %d locked bytes, more than MaxLockedBytes %d (default: half the RLIMIT_MEMLOCK soft limit)",
 			len(buf), r.base, r.span, c.maxBytes)
 	}
-	for !c.fits(1, r.span) {
+	for {
 		if c.closed {
 			c.mu.Unlock()
-			return nil, opErr(ErrClosed, "acquire %d bytes at %#x", len(buf), r.base)
+			return nil, false, opErr(ErrClosed, "acquire %d bytes at %#x", len(buf), r.base)
+		}
+		if len(buf) > 0 {
+			if h := c.find(r.base, r.end); h != nil {
+				// Registered by someone else meanwhile.
+				c.hitLocked(h)
+				c.mu.Unlock()
+				return h, true, nil
+			}
+			if c.covered(r) {
+				// Someone is registering memory that contains buf:
+				// take theirs rather than lock the pages twice, or be
+				// refused for the room their registration holds.
+				c.cond.Wait()
+				continue
+			}
+		}
+		if c.fits(1, r.span) {
+			break
 		}
 		// Could evicting every unused region and waiting for every
 		// teardown in flight make room?
@@ -312,7 +383,7 @@ func (c *Cache) miss(buf []byte) (*Region, error) {
 			err := opErr(ErrLimit, "acquire %d bytes at %#x: %d regions and %d locked bytes in use, limits %d regions and %d bytes",
 				len(buf), r.base, c.count-freeN, c.bytes-freeB, c.maxRegions, c.maxBytes)
 			c.mu.Unlock()
-			return nil, err
+			return nil, false, err
 		}
 		settled := c.count-c.pendingCount+1 <= c.maxRegions &&
 			(c.maxBytes < 0 || c.bytes-c.pendingBytes+r.span <= c.maxBytes)
@@ -321,51 +392,25 @@ func (c *Cache) miss(buf []byte) (*Region, error) {
 		} else {
 			c.evictLocked(r.span)
 		}
-		if len(buf) > 0 {
-			if h := c.find(r.base, r.end); h != nil {
-				// Registered by someone else meanwhile.
-				c.hitLocked(h)
-				c.mu.Unlock()
-				return h, nil
-			}
-		}
 	}
-	// Reserve, then register without the lock.
 	r.acct = true
 	c.count++
 	c.bytes += r.span
-	c.mu.Unlock()
-
-	err := c.reg.register(r)
-
-	c.mu.Lock()
-	if err != nil {
-		r.acct = false
-		c.count--
-		c.bytes -= r.span
-		c.cond.Broadcast()
-		c.mu.Unlock()
-		return nil, err
-	}
-	c.registrations++
-	if r.state.Load() != stLive || c.closed {
-		// Unmap (or Close) tore it down while we registered: settle
-		// does the accounting, now or when its teardown ends.
-		closed := c.closed
-		c.mu.Unlock()
-		if closed {
-			c.invalidateOne(r)
-			return nil, opErr(ErrClosed, "acquire %d bytes at %#x", len(buf), r.base)
-		}
-		return nil, opErr(ErrUnmapped, "acquire %d bytes at %#x", len(buf), r.base)
-	}
-	r.refs = 1
-	c.inUse++
 	if !r.uncached {
-		c.idxInsert(r)
+		c.registering = append(c.registering, r)
 	}
 	c.mu.Unlock()
-	return r, nil
+	return r, false, nil
+}
+
+// covered reports whether a registration under way covers r's memory.
+func (c *Cache) covered(r *Region) bool {
+	for _, x := range c.registering {
+		if x.base <= r.base && x.end >= r.end {
+			return true
+		}
+	}
+	return false
 }
 
 // evictLocked tears down unused regions, least recently released first,

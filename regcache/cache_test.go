@@ -2,8 +2,10 @@ package regcache
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -395,8 +397,11 @@ func TestReleaseMisuse(t *testing.T) {
 	c.Release(r)
 }
 
-// Unmap, Invalidate or Close between a cache registration and its
-// insertion in the index: Acquire fails cleanly and nothing leaks.
+// Invalidate or Close between a cache registration and its insertion in
+// the index: nothing leaks; after Close, Acquire fails with ErrClosed;
+// after a registry's Invalidate, which may come before the Acquire as
+// well as after, Acquire registers the memory afresh (it used to fail
+// with ErrUnmapped, "being unmapped", of ordinary memory).
 func TestCacheRegistrationRaces(t *testing.T) {
 	needMlock(t, 1<<20)
 	defer func() { testHookPublished = nil }()
@@ -404,8 +409,10 @@ func TestCacheRegistrationRaces(t *testing.T) {
 		t.Run(what, func(t *testing.T) {
 			g, c := newCache(t, CacheConfig{})
 			buf := alignedBuf(3 * int(pageSize))
+			var first *Region
 			testHookPublished = func(r *Region) {
 				testHookPublished = nil
+				first = r
 				switch what {
 				case "registry-invalidate":
 					if n := g.Invalidate(r.base, r.Len()); n != 1 {
@@ -415,29 +422,87 @@ func TestCacheRegistrationRaces(t *testing.T) {
 					c.Close()
 				}
 			}
-			_, err := c.Acquire(buf)
-			want := ErrUnmapped
+			r, err := c.Acquire(buf)
 			if what == "cache-close" {
-				want = ErrClosed
-			}
-			if !errors.Is(err, want) {
-				t.Fatalf("Acquire: %v, want %v", err, want)
-			}
-			checkCache(t, c)
-			if s := c.Stats(); s.Regions != 0 || s.LockedBytes != 0 || s.InUse != 0 || s.Zombies != 0 {
-				t.Fatalf("stats %+v", s)
-			}
-			if s := g.Stats(); s.Regions != 0 {
-				t.Fatalf("registry stats %+v", s)
-			}
-			if what == "registry-invalidate" {
-				// The cache still works.
-				r, err := c.Acquire(buf)
+				if !errors.Is(err, ErrClosed) {
+					t.Fatalf("Acquire: %v, want ErrClosed", err)
+				}
+			} else {
 				if err != nil {
-					t.Fatal(err)
+					t.Fatalf("Acquire: %v, want a fresh registration", err)
+				}
+				if r == first || !r.Valid() || first.Valid() {
+					t.Fatalf("Acquire returned region %p (valid %v), the invalidated one %p (valid %v)", r, r.Valid(), first, first.Valid())
+				}
+				if s := c.Stats(); s.Regions != 1 || s.InUse != 1 || s.Registrations != 2 || s.Invalidations != 1 {
+					t.Fatalf("stats %+v", s)
 				}
 				c.Release(r)
 			}
+			checkCache(t, c)
+			if what == "cache-close" {
+				if s := c.Stats(); s.Regions != 0 || s.LockedBytes != 0 || s.InUse != 0 || s.Zombies != 0 {
+					t.Fatalf("stats %+v", s)
+				}
+				if s := g.Stats(); s.Regions != 0 {
+					t.Fatalf("registry stats %+v", s)
+				}
+			}
+			c.Close()
+			checkClean(t)
+		})
+	}
+}
+
+// TestConcurrentAcquireOfSameMemory: an Acquire of memory that another
+// Acquire is registering (reserved, not yet in the index) waits for that
+// registration and takes it, as it would one after the other. At the
+// region limit it was refused with ErrLimit; with room it locked the
+// pages a second time.
+func TestConcurrentAcquireOfSameMemory(t *testing.T) {
+	needMlock(t, 1<<20)
+	defer func() { testHookPublished = nil }()
+	for _, max := range []int{1, 8} {
+		t.Run(fmt.Sprintf("MaxRegions=%d", max), func(t *testing.T) {
+			_, c := newCache(t, CacheConfig{MaxRegions: max})
+			buf := alignedBuf(2 * int(pageSize))
+			type result struct {
+				r   *Region
+				err error
+			}
+			second := make(chan result, 1)
+			testHookPublished = func(*Region) {
+				testHookPublished = nil
+				// The first is published, not yet indexed: the second
+				// Acquire (of part of the same memory) comes now, and
+				// must wait for the first to finish.
+				go func() {
+					r, err := c.Acquire(buf[100:200])
+					second <- result{r, err}
+				}()
+				select {
+				case res := <-second:
+					second <- res // finished without waiting: checked below
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			r1, err := c.Acquire(buf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := <-second
+			if res.err != nil {
+				t.Fatalf("Acquire of the same memory during its registration: %v", res.err)
+			}
+			if res.r != r1 {
+				t.Errorf("Acquire during the registration got another region: %d registrations", c.Stats().Registrations)
+			}
+			if s := c.Stats(); s.Registrations != 1 || s.Hits != 1 {
+				t.Errorf("stats %+v, want 1 registration and 1 hit", s)
+			}
+			c.Release(res.r)
+			c.Release(r1)
+			checkCache(t, c)
 			c.Close()
 			checkClean(t)
 		})

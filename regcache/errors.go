@@ -26,8 +26,7 @@ var (
 	ErrLimit = errors.New("regcache: registration limit reached")
 	// ErrClosed: the Registry or Cache is closed.
 	ErrClosed = errors.New("regcache: closed")
-	// ErrUnmapped: the memory is being unmapped by Unmap, or a region was
-	// invalidated while it was being registered.
+	// ErrUnmapped: the memory is being unmapped by Unmap.
 	ErrUnmapped = errors.New("regcache: memory is being unmapped")
 	// ErrNotMapped: Unmap of memory that Map did not return.
 	ErrNotMapped = errors.New("regcache: not a mapping made by Map")
