@@ -79,23 +79,20 @@ func TestDisconnectAbortsPendingConnect(t *testing.T) {
 	hub := xdp.NewHub(xdp.MemConfig{})
 	la, lb, lc := hub.Attach(), hub.Attach(), hub.Attach()
 	t.Cleanup(func() { la.Close(); lb.Close(); lc.Close() })
-	open := func(l xdp.Link, id uint8, key uint32) *Endpoint {
-		e, err := Open(Config{Link: l, EndpointID: id, Key: key})
-		if err != nil {
+	a := openT(t, Config{Link: la, EndpointID: 1, Key: 0xa})
+	b := openT(t, Config{Link: lb, EndpointID: 2, Key: 0xb})
+	c := openT(t, Config{Link: lc, EndpointID: 3, Key: 0xc})
+	la.Partition(true)
+	var rb, rc Request
+	for _, x := range []struct {
+		r   *Request
+		e   *Endpoint
+		key uint32
+	}{{&rb, b, 0xb}, {&rc, c, 0xc}} {
+		var err error
+		if *x.r, err = a.IConnect(x.e.Addr(), x.key, 0, nil); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { e.Close() })
-		return e
-	}
-	a, b, c := open(la, 1, 0xa), open(lb, 2, 0xb), open(lc, 3, 0xc)
-	la.Partition(true)
-	rb, err := a.IConnect(b.Addr(), 0xb, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc, err := a.IConnect(c.Addr(), 0xc, 0, nil)
-	if err != nil {
-		t.Fatal(err)
 	}
 	a.Disconnect(b.Addr())
 	la.Partition(false)
