@@ -83,17 +83,14 @@ func TestDisconnectAbortsPendingConnect(t *testing.T) {
 	b := openT(t, Config{Link: lb, EndpointID: 2, Key: 0xb})
 	c := openT(t, Config{Link: lc, EndpointID: 3, Key: 0xc})
 	la.Partition(true)
-	var rb, rc Request
-	for _, x := range []struct {
-		r   *Request
-		e   *Endpoint
-		key uint32
-	}{{&rb, b, 0xb}, {&rc, c, 0xc}} {
-		var err error
-		if *x.r, err = a.IConnect(x.e.Addr(), x.key, 0, nil); err != nil {
+	iconnect := func(to *Endpoint, key uint32) Request {
+		r, err := a.IConnect(to.Addr(), key, 0, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		return r
 	}
+	rb, rc := iconnect(b, 0xb), iconnect(c, 0xc)
 	a.Disconnect(b.Addr())
 	la.Partition(false)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
